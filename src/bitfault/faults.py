@@ -1,0 +1,147 @@
+"""Fault models: what a fault does to a stored word, as a bit mask.
+
+A bit flip XORs the mask in, stuck-at-0 clears it (AND NOT), stuck-at-1 sets it
+(OR). ``bits=`` limits the positions a model may touch: integers (0 is the
+least significant bit) or field names of the format ("sign", "exponent",
+"mantissa", "integer", "fraction", "magnitude") plus "msb", "lsb" and "all".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from bitfault.formats import Format
+
+BitSelection = int | str | Sequence[int | str] | None
+
+
+def resolve_bits(bits: BitSelection, fmt: Format, argument: str = "bits") -> tuple[int, ...]:
+    """Turn a bit selection into sorted, distinct bit positions of ``fmt``'s words."""
+    width = fmt.bits
+    if bits is None:
+        return tuple(range(width))
+    items = [bits] if isinstance(bits, (int, str, np.integer)) else list(bits)
+    fields = {**fmt.bit_fields, "msb": (width - 1,), "lsb": (0,), "all": tuple(range(width))}
+    positions: set[int] = set()
+    for item in items:
+        if isinstance(item, str):
+            if item not in fields:
+                raise ValueError(
+                    f"{argument}: unknown bit field {item!r} for {type(fmt).__name__}; "
+                    f"allowed: {sorted(fields)} or positions 0..{width - 1}")
+            positions.update(fields[item])
+        elif isinstance(item, (int, np.integer)) and not isinstance(item, bool):
+            if not 0 <= int(item) < width:
+                raise ValueError(
+                    f"{argument}: bit position {item} is outside 0..{width - 1} "
+                    f"for a {width}-bit word")
+            positions.add(int(item))
+        else:
+            raise TypeError(f"{argument}: entries must be ints or field names, got {item!r}")
+    if not positions:
+        raise ValueError(f"{argument}: selects no bit position")
+    return tuple(sorted(positions))
+
+
+def positions_to_mask(positions: Sequence[int]) -> int:
+    mask = 0
+    for p in positions:
+        mask |= 1 << int(p)
+    return mask
+
+
+def _normalise_bits(bits: Any) -> Any:
+    if bits is None or isinstance(bits, (int, str)):
+        return bits
+    return tuple(bits)
+
+
+@dataclass(frozen=True)
+class _FaultBase:
+    bits: BitSelection = None
+    kind: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "bits", _normalise_bits(self.bits))
+
+    def eligible_bits(self, fmt: Format) -> tuple[int, ...]:
+        """The bit positions of ``fmt`` this model may fault."""
+        return resolve_bits(self.bits, fmt)
+
+    def eligible_mask(self, fmt: Format) -> int:
+        return positions_to_mask(self.eligible_bits(fmt))
+
+    def apply(self, words: np.ndarray, masks: np.ndarray) -> np.ndarray:
+        """Apply per-word masks (same dtype and shape as ``words``); returns new words."""
+        raise NotImplementedError
+
+    def changed_bits(self, words: np.ndarray, masks: np.ndarray) -> np.ndarray:
+        """For each word, the mask of bits that applying this fault actually changes."""
+        return np.bitwise_xor(self.apply(words, masks), words)
+
+    def to_dict(self) -> dict[str, Any]:
+        bits = list(self.bits) if isinstance(self.bits, tuple) else self.bits
+        return {"kind": self.kind, "bits": bits}
+
+
+@dataclass(frozen=True)
+class BitFlip(_FaultBase):
+    """Invert the faulty bits (XOR)."""
+
+    kind: ClassVar[str] = "bit_flip"
+
+    def apply(self, words: np.ndarray, masks: np.ndarray) -> np.ndarray:
+        return np.bitwise_xor(words, masks)
+
+
+@dataclass(frozen=True, init=False)
+class StuckAt(_FaultBase):
+    """Force the faulty bits to ``value`` (0: AND NOT, 1: OR)."""
+
+    value: int = 0
+    kind: ClassVar[str] = "stuck_at"
+
+    def __init__(self, value: int, bits: BitSelection = None) -> None:
+        if isinstance(value, bool) or value not in (0, 1):
+            raise ValueError(f"value must be 0 or 1, got {value!r}")
+        object.__setattr__(self, "value", int(value))
+        object.__setattr__(self, "bits", _normalise_bits(bits))
+
+    def apply(self, words: np.ndarray, masks: np.ndarray) -> np.ndarray:
+        if self.value == 0:
+            return np.bitwise_and(words, np.invert(masks))
+        return np.bitwise_or(words, masks)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "value": self.value}
+
+
+FaultModel = BitFlip | StuckAt
+
+
+def fault_from_dict(data: dict[str, Any]) -> FaultModel:
+    """Rebuild a fault model from ``to_dict()`` output."""
+    if not isinstance(data, dict) or "kind" not in data:
+        raise ValueError(f"a fault dict needs a 'kind' key ('bit_flip' or 'stuck_at'); got {data!r}")
+    kind = data["kind"]
+    rest = {k: v for k, v in data.items() if k != "kind"}
+    allowed = {"bit_flip": {"bits"}, "stuck_at": {"bits", "value"}}
+    if kind not in allowed:
+        raise ValueError(f"fault kind must be 'bit_flip' or 'stuck_at', got {kind!r}")
+    unknown = sorted(set(rest) - allowed[kind])
+    if unknown:
+        raise ValueError(f"unknown key(s) {unknown} for fault {kind!r}; allowed: "
+                         f"{sorted(allowed[kind])}")
+    bits = rest.get("bits")
+    if kind == "bit_flip":
+        return BitFlip(bits=bits)
+    if "value" not in rest:
+        raise ValueError("a 'stuck_at' fault needs 'value' (0 or 1)")
+    return StuckAt(rest["value"], bits=bits)
+
+
+__all__ = ["BitFlip", "FaultModel", "StuckAt", "fault_from_dict", "resolve_bits"]

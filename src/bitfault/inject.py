@@ -1,0 +1,96 @@
+"""Apply a fault map to an array: encode, fault the stored words, decode."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from bitfault.faults import FaultModel, _FaultBase
+from bitfault.formats import Format, QuantParams, check_float_input
+from bitfault.maps import FaultMap, _popcount
+
+
+@dataclass(frozen=True)
+class InjectionStats:
+    """What one injection did.
+
+    faults: faulty bits in the map that the fault model may touch;
+    changed_bits: bits whose stored value actually changed (a stuck-at fault on a
+    bit that already holds its value changes nothing);
+    changed_values: elements whose stored word changed;
+    saturated: values mapped by the format's overflow policy while encoding
+    (out of range, NaN or inf).
+    """
+
+    faults: int
+    changed_bits: int
+    changed_values: int
+    saturated: int
+
+
+def check_map_fits(fmap: FaultMap, shape: tuple[int, ...], fmt: Format,
+                   argument: str = "fmap") -> None:
+    """Raise ValueError unless ``fmap`` is for a tensor of ``shape`` stored in ``fmt``."""
+    if not isinstance(fmap, FaultMap):
+        raise TypeError(f"{argument} must be a bitfault.FaultMap, got {type(fmap).__name__}")
+    if tuple(fmap.shape) != tuple(shape):
+        raise ValueError(f"{argument} {fmap.name!r} is for shape {tuple(fmap.shape)}, the tensor "
+                         f"has shape {tuple(shape)}")
+    if fmap.masks.size and int(np.bitwise_or.reduce(fmap.masks)) >> fmt.bits:
+        raise ValueError(f"{argument} {fmap.name!r} has faults above bit {fmt.bits - 1}, the top "
+                         f"bit of a {fmt.bits}-bit word of {type(fmt).__name__}")
+
+
+def fault_words(words: np.ndarray, fmt: Format, fault: FaultModel,
+                fmap: FaultMap) -> tuple[np.ndarray, InjectionStats]:
+    """Apply ``fault`` at ``fmap``'s bits to a copy of ``words``; also return what changed."""
+    if not isinstance(fault, _FaultBase):
+        raise TypeError(f"fault must be BitFlip() or StuckAt(0|1), got {fault!r}")
+    check_map_fits(fmap, words.shape, fmt)
+    masks = fmap.masks & np.uint32(fault.eligible_mask(fmt))
+    keep = masks != 0
+    idx, masks = fmap.indices[keep], masks[keep]
+    container = words.dtype
+    out = np.array(words, copy=True)
+    flat = out.reshape(-1)
+    before = flat[idx]
+    m = masks.astype(f"u{container.itemsize}").view(container)
+    after = fault.apply(before, m)
+    flat[idx] = after
+    changed = np.bitwise_xor(before, after).view(f"u{container.itemsize}")
+    stats = InjectionStats(
+        faults=int(_popcount(masks).sum()),
+        changed_bits=int(_popcount(changed.astype(np.uint32)).sum()),
+        changed_values=int(np.count_nonzero(changed)),
+        saturated=0,
+    )
+    return out, stats
+
+
+def inject_with_stats(x: Any, fmt: Format, fault: FaultModel,
+                      fmap: FaultMap) -> tuple[np.ndarray, InjectionStats]:
+    """``inject`` that also returns an ``InjectionStats``."""
+    arr = check_float_input(x)
+    if not isinstance(fmt, Format):
+        raise TypeError(f"fmt must be a bitfault format (FixedPoint, IntQuant, Float), got {fmt!r}")
+    check_map_fits(fmap, arr.shape, fmt)
+    params: QuantParams | None = fmt.calibrate(arr)  # type: ignore[attr-defined]
+    words, saturated = fmt.encode_counting(arr, params)  # type: ignore[attr-defined]
+    faulty, stats = fault_words(words, fmt, fault, fmap)
+    out = fmt.decode(faulty, params, dtype=arr.dtype)
+    return out, InjectionStats(stats.faults, stats.changed_bits, stats.changed_values, saturated)
+
+
+def inject(x: Any, fmt: Format, fault: FaultModel, fmap: FaultMap) -> np.ndarray:
+    """The faulty values of ``x``: encode in ``fmt``, apply ``fault`` at ``fmap``, decode.
+
+    Returns a new array of ``x``'s shape and dtype; ``x`` is never modified.
+    Every element goes through the format (a weight memory stores all of them);
+    only the map's bits are faulted.
+    """
+    return inject_with_stats(x, fmt, fault, fmap)[0]
+
+
+__all__ = ["InjectionStats", "check_map_fits", "fault_words", "inject", "inject_with_stats"]

@@ -1,0 +1,428 @@
+"""Fault maps: where the faults are, for one named tensor.
+
+A map is sparse: sorted flat element indices and, for each, a mask of faulty
+bits. Random maps come from NumPy (PCG64) streams keyed by (seed, tensor name,
+step, bit position) through ``SeedSequence``, so the same seed gives the same
+map in every process and framework.
+
+How a random map is drawn (one bit position at a time, over ``n`` elements):
+hits arrive as a Poisson process of rate ``n`` in "time", each on a uniformly
+random element. A bit is faulty at rate ``p`` if it has a hit before
+``-log(1 - p)``. By Poisson splitting every bit is then faulty independently
+with probability exactly ``p`` (so counts are Binomial), a lower rate's faults
+are a subset of a higher rate's (nesting), and the work is proportional to the
+number of faults, not of bits. ``count=k`` takes the ``k`` bits hit first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from bitfault.faults import BitSelection, resolve_bits
+from bitfault.formats import Format
+
+MAP_FILE_VERSION = 1
+_FIRST_CHUNK = 1 << 10
+_MAX_CHUNK = 1 << 20
+
+
+def _popcount(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.uint32)
+    if hasattr(np, "bitwise_count"):
+        return np.bitwise_count(x)
+    return np.unpackbits(x.view(np.uint8).reshape(*x.shape, 4), axis=-1).sum(-1)
+
+
+def name_key(name: str) -> tuple[int, ...]:
+    """Four 32-bit words from SHA-256 of the tensor name: stable across processes."""
+    digest = hashlib.sha256(name.encode("utf-8")).digest()
+    return tuple(int.from_bytes(digest[i:i + 4], "little") for i in range(0, 16, 4))
+
+
+def bit_stream(seed: int, name: str, position: int, step: int | None = None) -> np.random.Generator:
+    """The PCG64 stream that places faults on bit ``position`` of tensor ``name``."""
+    key = (*name_key(name), 0 if step is None else 1, 0 if step is None else int(step), position)
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=key)))
+
+
+def _hits(n: int, rng: np.random.Generator, horizon: float) -> tuple[np.ndarray, np.ndarray]:
+    """Elements hit before time ``horizon`` (with repeats), and their hit times, in time order.
+
+    The stream is consumed in a fixed chunk schedule, so the hits before any
+    horizon are a prefix of the hits before a later one.
+    """
+    elements, times = [], []
+    carry, size = 0.0, _FIRST_CHUNK
+    while True:
+        t = np.cumsum(rng.standard_exponential(size)) + carry
+        e = rng.integers(0, n, size, dtype=np.uint32 if n <= 1 << 32 else np.int64)
+        cut = int(np.searchsorted(t, horizon, side="left"))
+        elements.append(e[:cut])
+        times.append(t[:cut])
+        if cut < size:
+            break
+        carry = float(t[-1])
+        size = min(size * 2, _MAX_CHUNK)
+    return np.concatenate(elements), np.concatenate(times)
+
+
+def _sorted_unique(e: np.ndarray) -> np.ndarray:
+    """Distinct values, sorted (np.unique is far slower on large int arrays in NumPy 2.x)."""
+    s = np.sort(e)
+    return s[np.r_[True, s[1:] != s[:-1]]] if s.size else s
+
+
+def _first_hits(e: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct elements of a time-ordered hit list, with the time of each one's first hit."""
+    order = np.argsort(e, kind="stable")
+    es = e[order]
+    starts = np.flatnonzero(np.r_[True, es[1:] != es[:-1]]) if es.size else order
+    return es[starts], t[order][starts]
+
+
+def _horizon(p: float, n: int) -> float:
+    return math.inf if p >= 1.0 else -n * math.log1p(-p)
+
+
+def _check_seed(seed: Any) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    return int(seed)
+
+
+def _check_rate(p: Any, argument: str) -> float:
+    try:
+        value = float(p)
+    except (TypeError, ValueError):
+        raise TypeError(f"{argument} must be a number in [0, 1], got {p!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{argument} must be in [0, 1], got {p!r}")
+    return value
+
+
+def _rates_by_position(ber: Any, fmt: Format, positions: tuple[int, ...]) -> dict[int, float]:
+    """One rate per eligible bit position, from a scalar, a sequence or a mapping."""
+    if isinstance(ber, Mapping):
+        rates: dict[int, float] = {}
+        for key, value in ber.items():
+            for pos in resolve_bits(key, fmt, argument="ber"):
+                rates[pos] = _check_rate(value, f"ber[{key!r}]")
+        return {p: rates.get(p, 0.0) for p in positions}
+    if isinstance(ber, (Sequence, np.ndarray)) and not isinstance(ber, str):
+        values = list(ber)
+        if len(values) != fmt.bits:
+            raise ValueError(
+                f"ber as a sequence needs one rate per bit position ({fmt.bits} for this "
+                f"format, LSB first), got {len(values)}")
+        return {p: _check_rate(values[p], f"ber[{p}]") for p in positions}
+    rate = _check_rate(ber, "ber")
+    return dict.fromkeys(positions, rate)
+
+
+def _shape_tuple(shape: Any) -> tuple[int, ...]:
+    if isinstance(shape, (int, np.integer)):
+        shape = (shape,)
+    try:
+        dims = tuple(int(d) for d in shape)
+    except TypeError:
+        raise TypeError(f"shape must be a tuple of non-negative ints, got {shape!r}") from None
+    if any(d < 0 for d in dims):
+        raise ValueError(f"shape must be a tuple of non-negative ints, got {shape!r}")
+    return dims
+
+
+def _assemble(n: int, per_position: dict[int, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Combine per-position hit lists (repeats allowed) into sorted indices and OR-ed masks.
+
+    The result depends only on the sets; the strategy (sorting, scattering into a
+    dense accumulator, or marking a bool array) is chosen by size, for speed.
+    """
+    marked = {p: e for p, e in per_position.items() if e.size > n // 32}
+    sparse = {p: _sorted_unique(e) for p, e in per_position.items() if 0 < e.size <= n // 32}
+    total = sum(e.size for e in sparse.values())
+    if marked or total > n // 8:
+        # One uint8 plane per byte of the mask: marking a bool array per position and
+        # OR-ing it into its plane moves a quarter of the memory a uint32 pass would.
+        planes = np.zeros((4, n), dtype=np.uint8)
+        if marked:
+            mark = np.empty(n, dtype=bool)
+            shifted = np.empty(n, dtype=np.uint8)
+            for pos, elems in marked.items():
+                mark[:] = False
+                mark[elems] = True
+                np.left_shift(mark.view(np.uint8), pos % 8, out=shifted)
+                planes[pos // 8] |= shifted
+        acc = np.ascontiguousarray(planes.T).view("<u4").reshape(n)
+        for pos, elems in sparse.items():
+            acc[elems] |= np.uint32(1 << pos)  # distinct elements: no lost updates
+        idx = np.flatnonzero(acc)
+        return idx, acc[idx]
+    if not sparse:
+        return np.zeros(0, np.int64), np.zeros(0, np.uint32)
+    elems = np.concatenate(list(sparse.values()))
+    bits = np.concatenate([np.full(e.size, 1 << pos, np.uint32) for pos, e in sparse.items()])
+    order = np.argsort(elems, kind="stable")
+    elems, bits = elems[order], bits[order]
+    starts = np.flatnonzero(np.r_[True, elems[1:] != elems[:-1]])
+    return elems[starts].astype(np.int64), np.bitwise_or.reduceat(bits, starts)
+
+
+@dataclass(frozen=True, eq=False)
+class FaultMap:
+    """Faulty bits of one tensor: sorted flat ``indices`` and a uint32 ``masks`` entry each.
+
+    ``meta`` records where the map came from (source, format, fault model, seed,
+    rate or count, bit positions, step) and travels with ``save``/``load``.
+    """
+
+    shape: tuple[int, ...]
+    indices: np.ndarray
+    masks: np.ndarray
+    name: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", _shape_tuple(self.shape))
+        idx = np.asarray(self.indices, dtype=np.int64).reshape(-1)
+        masks = np.asarray(self.masks).reshape(-1)
+        if masks.dtype.kind not in "iu":
+            raise TypeError(f"masks must be an integer array, got dtype {masks.dtype}")
+        if idx.shape != masks.shape:
+            raise ValueError(f"indices and masks must have the same length, got {idx.size} "
+                             f"and {masks.size}")
+        size = math.prod(self.shape)
+        if idx.size and (idx[0] < 0 or idx[-1] >= size or np.any(np.diff(idx) <= 0)):
+            raise ValueError(f"indices must be sorted, distinct and in 0..{size - 1} "
+                             f"for shape {self.shape}")
+        if masks.dtype.kind == "i" and masks.size and masks.min() < 0:
+            masks = masks.view(f"u{masks.dtype.itemsize}")
+        if masks.size and int(masks.max()) >= 1 << 32:
+            raise ValueError("masks must fit in 32 bits")
+        idx.flags.writeable = False
+        masks = masks.astype(np.uint32, copy=False)
+        masks.flags.writeable = False
+        object.__setattr__(self, "indices", idx)
+        object.__setattr__(self, "masks", masks)
+
+    # ---- constructors -------------------------------------------------------------------
+
+    @classmethod
+    def from_mask(cls, mask: Any, name: str = "", fmt: Format | None = None,
+                  fault: Any = None) -> FaultMap:
+        """A map from a dense integer mask (a 1 bit wherever a fault is), like the seed's fmap."""
+        arr = np.asarray(mask)
+        if arr.dtype.kind not in "iu":
+            raise TypeError(f"mask must be an integer array, got dtype {arr.dtype}")
+        flat = arr.reshape(-1)
+        if arr.dtype.kind == "i":
+            flat = flat.view(f"u{arr.dtype.itemsize}")
+        if flat.size and int(flat.max()) >= 1 << 32:
+            raise ValueError("mask values must fit in 32 bits")
+        idx = np.flatnonzero(flat)
+        meta: dict[str, Any] = {"source": "mask"}
+        if fmt is not None:
+            meta["format"] = fmt.to_dict()
+        if fault is not None:
+            meta["fault"] = fault.to_dict()
+        return cls(arr.shape, idx, flat[idx].astype(np.uint32), name, meta)
+
+    @classmethod
+    def random(
+        cls,
+        shape: Any,
+        fmt: Format,
+        *,
+        ber: float | Sequence[float] | Mapping[Any, float] | None = None,
+        count: int | None = None,
+        seed: int = 0,
+        name: str = "",
+        bits: BitSelection = None,
+        step: int | None = None,
+        fault: Any = None,
+    ) -> FaultMap:
+        """Random faulty bits: each eligible bit with probability ``ber``, or exactly ``count``.
+
+        ``ber`` may be one rate, one rate per bit position (LSB first) or a mapping
+        from positions / field names to rates. ``bits`` limits the eligible
+        positions (ints or field names). ``step`` gives transient maps a fresh,
+        replayable draw per step. Reproducible from (seed, name, step), nested in
+        ``ber`` and in ``count``.
+        """
+        dims = _shape_tuple(shape)
+        if not isinstance(fmt, Format):
+            raise TypeError(f"fmt must be a bitfault format (FixedPoint, IntQuant, Float), "
+                            f"got {fmt!r}")
+        seed = _check_seed(seed)
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a string, got {name!r}")
+        if step is not None and (isinstance(step, bool) or not isinstance(step, (int, np.integer))
+                                 or step < 0):
+            raise ValueError(f"step must be None or a non-negative integer, got {step!r}")
+        if (ber is None) == (count is None):
+            raise ValueError("give exactly one of ber= (a bit error rate) or count= (a number "
+                             "of faulty bits)")
+        positions = resolve_bits(bits, fmt)
+        n = math.prod(dims)
+        meta: dict[str, Any] = {"source": "random", "format": fmt.to_dict(), "seed": seed,
+                                "bits": list(positions), "step": step}
+        if fault is not None:
+            meta["fault"] = fault.to_dict()
+        if ber is not None:
+            rates = _rates_by_position(ber, fmt, positions)
+            meta["ber"] = ber if isinstance(ber, (int, float)) else [
+                rates.get(p, 0.0) for p in range(fmt.bits)]
+            per_position = {}
+            for pos, p in rates.items():
+                if p > 0.0 and n > 0:
+                    if p >= 1.0:
+                        per_position[pos] = np.arange(n, dtype=np.int64)
+                    else:  # element indices as drawn (uint32 below 2**32 elements)
+                        per_position[pos] = _hits(n, bit_stream(seed, name, pos, step),
+                                                  _horizon(p, n))[0]
+            idx, masks = _assemble(n, per_position)
+        else:
+            idx, masks = cls._exact_count(n, positions, count, seed, name, step)
+            meta["count"] = int(count)  # type: ignore[arg-type]
+        return cls(dims, idx, masks, name, meta)
+
+    @staticmethod
+    def _exact_count(n: int, positions: tuple[int, ...], count: Any, seed: int, name: str,
+                     step: int | None) -> tuple[np.ndarray, np.ndarray]:
+        eligible = n * len(positions)
+        if isinstance(count, bool) or not isinstance(count, (int, np.integer)):
+            raise TypeError(f"count must be an integer in 0..{eligible}, got {count!r}")
+        if not 0 <= count <= eligible:
+            raise ValueError(f"count must be in 0..{eligible} (the eligible bits: {n} elements x "
+                             f"{len(positions)} positions), got {count}")
+        if count == 0:
+            return np.zeros(0, np.int64), np.zeros(0, np.uint32)
+        if count == eligible:
+            per_position = {pos: np.arange(n, dtype=np.int64) for pos in positions}
+            return _assemble(n, per_position)
+        # Take the `count` bits with the earliest first hit, widening the horizon until
+        # enough distinct bits have been hit; the streams replay identically each time.
+        p = min(0.5, 2.0 * count / eligible)
+        while True:
+            horizon = _horizon(p, n)
+            elems, times, pos_of = [], [], []
+            for pos in positions:
+                e, t = _hits(n, bit_stream(seed, name, pos, step), horizon)
+                e, t = _first_hits(e, t)
+                elems.append(e)
+                times.append(t)
+                pos_of.append(np.full(e.size, pos, np.int64))
+            all_t = np.concatenate(times)
+            if all_t.size >= count or p >= 1.0:
+                break
+            p = min(1.0, 1.0 - (1.0 - p) ** 2)  # double the horizon
+        keep = np.argsort(all_t, kind="stable")[:count]
+        all_e, all_p = np.concatenate(elems)[keep], np.concatenate(pos_of)[keep]
+        per_position = {pos: all_e[all_p == pos] for pos in positions}
+        return _assemble(n, per_position)
+
+    # ---- views --------------------------------------------------------------------------
+
+    @property
+    def size(self) -> int:
+        """Elements in the tensor the map is for."""
+        return math.prod(self.shape)
+
+    @property
+    def n_faults(self) -> int:
+        """Faulty bits in the map."""
+        return int(_popcount(self.masks).sum())
+
+    @property
+    def n_elements(self) -> int:
+        """Elements with at least one faulty bit."""
+        return int(self.indices.size)
+
+    def bit_counts(self, width: int = 32) -> np.ndarray:
+        """Faulty bits per bit position (LSB first)."""
+        return np.array([int(np.count_nonzero(self.masks & np.uint32(1 << b)))
+                         for b in range(width)])
+
+    def to_dense(self, dtype: Any = np.uint32) -> np.ndarray:
+        """The dense mask, shape ``self.shape``; signed dtypes hold the same bit patterns."""
+        dt = np.dtype(dtype)
+        out = np.zeros(self.size, dtype=f"u{dt.itemsize}")
+        if self.masks.size and dt.itemsize < 4 and int(self.masks.max()) >= 1 << (8 * dt.itemsize):
+            raise ValueError(f"masks use bits beyond a {dt} container")
+        out[self.indices] = self.masks.astype(out.dtype)
+        return out.view(dt).reshape(self.shape)
+
+    def restricted(self, bits: int) -> FaultMap:
+        """The same map with only the faults whose positions are set in mask ``bits``."""
+        masks = self.masks & np.uint32(bits)
+        keep = masks != 0
+        return FaultMap(self.shape, self.indices[keep], masks[keep], self.name, dict(self.meta))
+
+    def digest(self) -> str:
+        """SHA-256 of shape, indices and masks: equal maps have equal digests."""
+        h = hashlib.sha256(json.dumps(list(self.shape)).encode())
+        h.update(self.indices.tobytes())
+        h.update(self.masks.tobytes())
+        return h.hexdigest()
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, FaultMap):
+            return NotImplemented
+        return (self.shape == other.shape and self.name == other.name
+                and np.array_equal(self.indices, other.indices)
+                and np.array_equal(self.masks, other.masks))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (f"FaultMap(name={self.name!r}, shape={self.shape}, faults={self.n_faults}, "
+                f"elements={self.n_elements}, meta={self.meta})")
+
+    # ---- files ----------------------------------------------------------------------------
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the map to an ``.npz`` file with its provenance."""
+        header = {"version": MAP_FILE_VERSION, "name": self.name, "shape": list(self.shape),
+                  "meta": self.meta, "digest": self.digest()}
+        with open(path, "wb") as fh:
+            np.savez_compressed(fh, header=np.array(json.dumps(header)),
+                                indices=self.indices, masks=self.masks)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str], *, shape: Any = None,
+             name: str | None = None) -> FaultMap:
+        """Read a map written by ``save``; ``shape``/``name`` check it fits its tensor."""
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                header = json.loads(str(data["header"]))
+                indices, masks = data["indices"], data["masks"]
+        except FileNotFoundError:
+            raise
+        except Exception as exc:  # zipfile, KeyError, JSON, ...
+            raise ValueError(f"{os.fspath(path)}: not a bitfault fault map file "
+                             f"({type(exc).__name__}: {exc})") from None
+        if header.get("version") != MAP_FILE_VERSION:
+            raise ValueError(f"{os.fspath(path)}: fault map file version "
+                             f"{header.get('version')!r}, expected {MAP_FILE_VERSION}")
+        try:
+            fmap = cls(tuple(header["shape"]), indices, masks, header["name"], header["meta"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{os.fspath(path)}: corrupted fault map ({exc})") from None
+        if fmap.digest() != header.get("digest"):
+            raise ValueError(f"{os.fspath(path)}: corrupted fault map (digest mismatch)")
+        if shape is not None and fmap.shape != _shape_tuple(shape):
+            raise ValueError(f"{os.fspath(path)}: map is for shape {fmap.shape}, "
+                             f"the tensor has shape {_shape_tuple(shape)}")
+        if name is not None and fmap.name != name:
+            raise ValueError(f"{os.fspath(path)}: map is for tensor {fmap.name!r}, not {name!r}")
+        return fmap
+
+
+__all__ = ["FaultMap", "bit_stream", "name_key"]

@@ -1,0 +1,194 @@
+"""FaultSpec: one validated description of a fault experiment, shared by every adapter.
+
+A spec says how tensors are stored (format), what a fault does (fault model),
+where faults come from (a bit error rate, an exact count per tensor, or
+explicit maps by tensor name), which tensors are hit (targets), whether the
+faults stay (permanent: one chip) or change (transient: a fresh map every step
+or every forward call), and how gradients flow ("ste" straight through to the
+clean weights, or "blocked" as in the seed program's bug). It round-trips
+through JSON, so the CLI, PyTorch and Keras all read the same thing.
+
+Tensor names follow PyTorch: ``"<module path>.weight"``, ``"<module path>.bias"``
+and ``"<module path>.output"`` for activations; layouts are PyTorch's too
+(a Dense kernel is mapped as ``(out, in)``), so one seed gives the same faulty
+weights in every framework.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from bitfault.faults import BitFlip, FaultModel, _FaultBase, fault_from_dict
+from bitfault.formats import FixedPoint, Format, format_from_dict
+from bitfault.maps import FaultMap, _check_rate, _check_seed
+
+TARGETS = ("weights", "biases", "activations")
+PERSISTENCES = ("permanent", "transient")
+RESAMPLES = ("step", "forward")
+GRADIENTS = ("ste", "blocked")
+_KEYS = ("format", "fault", "ber", "count", "maps", "seed", "targets", "persistence",
+         "resample", "gradient")
+
+
+def _check_choice(value: Any, allowed: tuple[str, ...], argument: str) -> str:
+    if value not in allowed:
+        raise ValueError(f"{argument} must be one of {allowed}, got {value!r}")
+    return value
+
+
+def _normalise_targets(targets: Any) -> tuple[str, ...]:
+    items = (targets,) if isinstance(targets, str) else tuple(targets)
+    if not items:
+        raise ValueError(f"targets must name at least one of {TARGETS}")
+    for t in items:
+        _check_choice(t, TARGETS, "targets")
+    return tuple(t for t in TARGETS if t in items)
+
+
+def _map_from_json(name: str, value: Any) -> FaultMap:
+    if isinstance(value, FaultMap):
+        return value
+    if isinstance(value, (str, os.PathLike)):
+        return FaultMap.load(value, name=None)
+    if isinstance(value, Mapping) and {"shape", "indices", "masks"} <= set(value):
+        return FaultMap(tuple(value["shape"]), np.asarray(value["indices"], np.int64),
+                        np.asarray(value["masks"], np.uint32), name, dict(value.get("meta", {})))
+    raise ValueError(f"maps[{name!r}] must be a FaultMap, an .npz path or a dict with shape, "
+                     f"indices and masks; got {type(value).__name__}")
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    """What to fault, how, and how gradients flow. Exactly one of ber, count, maps."""
+
+    format: Format = field(default_factory=lambda: FixedPoint(32, 28, rounding="trunc"))
+    fault: FaultModel = field(default_factory=BitFlip)
+    ber: float | Sequence[float] | Mapping[Any, float] | None = None
+    count: int | None = None
+    maps: Mapping[str, FaultMap] | None = None
+    seed: int = 0
+    targets: str | Sequence[str] = ("weights",)
+    persistence: Literal["permanent", "transient"] = "permanent"
+    resample: Literal["step", "forward"] = "step"
+    gradient: Literal["ste", "blocked"] = "ste"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.format, Mapping):
+            object.__setattr__(self, "format", format_from_dict(dict(self.format)))
+        if not isinstance(self.format, Format):
+            raise TypeError(f"format must be FixedPoint, IntQuant or Float, got {self.format!r}")
+        if isinstance(self.fault, Mapping):
+            object.__setattr__(self, "fault", fault_from_dict(dict(self.fault)))
+        if not isinstance(self.fault, _FaultBase):
+            raise TypeError(f"fault must be BitFlip() or StuckAt(0|1), got {self.fault!r}")
+        self.fault.eligible_bits(self.format)  # validates bit names against the format
+        sources = [s for s in ("ber", "count", "maps") if getattr(self, s) is not None]
+        if len(sources) != 1:
+            raise ValueError(f"give exactly one of ber=, count= or maps=; got {sources or 'none'}")
+        if self.ber is not None:
+            b = self.ber
+            if isinstance(b, Mapping):
+                object.__setattr__(self, "ber", dict(b))
+            elif isinstance(b, (Sequence, np.ndarray)) and not isinstance(b, str):
+                object.__setattr__(self, "ber", tuple(float(v) for v in b))
+            else:
+                object.__setattr__(self, "ber", _check_rate(b, "ber"))
+            FaultMap.random((1,), self.format, ber=self.ber, bits=self.fault.bits)  # validate
+        if self.count is not None and (isinstance(self.count, bool) or not isinstance(
+                self.count, (int, np.integer)) or self.count < 0):
+            raise ValueError(f"count must be a non-negative integer (faulty bits per tensor), "
+                             f"got {self.count!r}")
+        if self.maps is not None:
+            if not isinstance(self.maps, Mapping) or not self.maps:
+                raise ValueError("maps must be a non-empty mapping from tensor name to FaultMap")
+            object.__setattr__(self, "maps", {str(k): _map_from_json(str(k), v)
+                                              for k, v in self.maps.items()})
+        object.__setattr__(self, "seed", _check_seed(self.seed))
+        object.__setattr__(self, "targets", _normalise_targets(self.targets))
+        _check_choice(self.persistence, PERSISTENCES, "persistence")
+        _check_choice(self.resample, RESAMPLES, "resample")
+        _check_choice(self.gradient, GRADIENTS, "gradient")
+        if self.persistence == "transient" and self.maps is not None:
+            raise ValueError("persistence='transient' needs ber= or count= (fresh maps are drawn "
+                             "each step); explicit maps= are permanent")
+
+    # ---- maps ----------------------------------------------------------------------------
+
+    def map_for(self, name: str, shape: tuple[int, ...], step: int | None = None) -> FaultMap:
+        """The fault map of tensor ``name`` (shape in PyTorch layout) at ``step``.
+
+        Permanent specs ignore ``step``. With explicit maps, a tensor without an
+        entry gets an empty map.
+        """
+        if self.maps is not None:
+            fmap = self.maps.get(name)
+            if fmap is None:
+                return FaultMap(shape, np.zeros(0, np.int64), np.zeros(0, np.uint32), name,
+                                {"source": "none"})
+            if tuple(fmap.shape) != tuple(shape):
+                raise ValueError(f"maps[{name!r}] is for shape {tuple(fmap.shape)}, the tensor "
+                                 f"has shape {tuple(shape)}")
+            return fmap
+        use_step = step if self.persistence == "transient" else None
+        return FaultMap.random(shape, self.format, ber=self.ber, count=self.count, seed=self.seed,
+                               name=name, bits=self.fault.bits, step=use_step, fault=self.fault)
+
+    def replace(self, **changes: Any) -> FaultSpec:
+        """A copy with some fields changed (validated again); ber= clears count/maps."""
+        if "ber" in changes:
+            changes.setdefault("count", None)
+            changes.setdefault("maps", None)
+        return dataclasses.replace(self, **changes)
+
+    # ---- JSON ----------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict; ``FaultSpec.from_dict`` rebuilds an equal spec."""
+        ber: Any = self.ber
+        if isinstance(ber, tuple):
+            ber = list(ber)
+        maps = None
+        if self.maps is not None:
+            maps = {k: {"shape": list(m.shape), "indices": m.indices.tolist(),
+                        "masks": m.masks.tolist(), "meta": m.meta} for k, m in self.maps.items()}
+        return {"format": self.format.to_dict(), "fault": self.fault.to_dict(), "ber": ber,
+                "count": None if self.count is None else int(self.count), "maps": maps,
+                "seed": self.seed, "targets": list(self.targets),
+                "persistence": self.persistence, "resample": self.resample,
+                "gradient": self.gradient}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> FaultSpec:
+        if not isinstance(data, Mapping):
+            raise TypeError(f"a spec must be a mapping, got {type(data).__name__}")
+        unknown = sorted(set(data) - set(_KEYS))
+        if unknown:
+            raise ValueError(f"unknown spec key(s) {unknown}; allowed: {list(_KEYS)}")
+        args = dict(data)
+        if isinstance(args.get("ber"), Mapping):
+            args["ber"] = {(int(k) if str(k).isdigit() else k): v for k, v in args["ber"].items()}
+        return cls(**args)
+
+    def to_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.to_dict(), **kwargs)
+
+    @classmethod
+    def from_json(cls, text: str) -> FaultSpec:
+        return cls.from_dict(json.loads(text))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, FaultSpec):
+            return NotImplemented
+        return self.to_dict() == other.to_dict()
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+__all__ = ["FaultSpec"]
