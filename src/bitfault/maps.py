@@ -53,25 +53,34 @@ def bit_stream(seed: int, name: str, position: int, step: int | None = None) -> 
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=key)))
 
 
-def _hits(n: int, rng: np.random.Generator, horizon: float) -> tuple[np.ndarray, np.ndarray]:
-    """Elements hit before time ``horizon`` (with repeats), and their hit times, in time order.
+def _hits(n: int, rng: np.random.Generator, horizon: float,
+          with_times: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+    """Elements hit before time ``horizon`` (with repeats) in time order, and their times.
 
-    The stream is consumed in a fixed chunk schedule, so the hits before any
+    The stream is consumed in a fixed chunk schedule and a chunk's end time is
+    ``carry + sum(gaps)`` whether or not times are wanted, so the hits before any
     horizon are a prefix of the hits before a later one.
     """
     elements, times = [], []
     carry, size = 0.0, _FIRST_CHUNK
+    gaps = np.empty(_MAX_CHUNK)
+    index_dtype = np.uint32 if n <= 1 << 32 else np.int64
     while True:
-        t = np.cumsum(rng.standard_exponential(size)) + carry
-        e = rng.integers(0, n, size, dtype=np.uint32 if n <= 1 << 32 else np.int64)
+        chunk = rng.standard_exponential(size, out=gaps[:size])
+        e = rng.integers(0, n, size, dtype=index_dtype)
+        end = carry + float(chunk.sum())
+        if end < horizon:  # the whole chunk lies before the horizon
+            elements.append(e)
+            if with_times:
+                times.append(np.cumsum(chunk) + carry)
+            carry, size = end, min(size * 2, _MAX_CHUNK)
+            continue
+        t = np.cumsum(chunk) + carry
         cut = int(np.searchsorted(t, horizon, side="left"))
         elements.append(e[:cut])
         times.append(t[:cut])
-        if cut < size:
-            break
-        carry = float(t[-1])
-        size = min(size * 2, _MAX_CHUNK)
-    return np.concatenate(elements), np.concatenate(times)
+        break
+    return np.concatenate(elements), np.concatenate(times) if with_times else None
 
 
 def _sorted_unique(e: np.ndarray) -> np.ndarray:
@@ -314,7 +323,7 @@ class FaultMap:
             horizon = _horizon(p, n)
             elems, times, pos_of = [], [], []
             for pos in positions:
-                e, t = _hits(n, bit_stream(seed, name, pos, step), horizon)
+                e, t = _hits(n, bit_stream(seed, name, pos, step), horizon, with_times=True)
                 e, t = _first_hits(e, t)
                 elems.append(e)
                 times.append(t)
