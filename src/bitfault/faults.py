@@ -55,9 +55,18 @@ def positions_to_mask(positions: Sequence[int]) -> int:
 
 
 def _normalise_bits(bits: Any) -> Any:
-    if bits is None or isinstance(bits, (int, str)):
+    """Plain Python values (NumPy ints become ints), so a model compares and serialises."""
+    if bits is None or isinstance(bits, (str, bool)):
         return bits
-    return tuple(bits)
+    if isinstance(bits, (int, np.integer)):
+        return int(bits)
+    try:
+        items = tuple(bits)
+    except TypeError:
+        raise TypeError(f"bits must be None, a bit position, a field name or a sequence of "
+                        f"them, got {bits!r}") from None
+    return tuple(int(b) if isinstance(b, np.integer) and not isinstance(b, bool) else b
+                 for b in items)
 
 
 @dataclass(frozen=True)

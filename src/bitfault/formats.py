@@ -96,8 +96,8 @@ def _to_int_range(
     if overflow == "wrap":
         span = float(hi - lo + 1)
         finite_y = np.where(np.isfinite(y), y, 0.0)
-        wrapped = np.fmod(finite_y - lo, span)  # exact for floats
-        wrapped = np.where(wrapped < 0, wrapped + span, wrapped) + lo
+        # fmod first (exact for any float); subtracting lo from a huge y would round
+        wrapped = np.mod(np.fmod(finite_y, span) - lo, span) + lo
         y = np.where(np.isfinite(y), wrapped, y)
     y = np.clip(y, lo, hi)
     return y.astype(np.int64), n_bad
@@ -446,17 +446,27 @@ class Float(_FormatBase):
         return {"sign": (n - 1,), "exponent": tuple(range(m, m + e)),
                 "mantissa": tuple(range(m))}
 
+    def encode_counting(
+        self, x: Any, params: QuantParams | None = None
+    ) -> tuple[np.ndarray, int]:
+        """Like ``encode``; the count is of finite values that overflowed to +-inf."""
+        arr = check_float_input(x)
+        words = self.encode(arr, params)
+        overflowed = np.isinf(self.decode(words)) & np.isfinite(arr)
+        return words, int(np.count_nonzero(overflowed))
+
     def encode(self, x: Any, params: QuantParams | None = None) -> np.ndarray:
         """Float array -> the format's bit patterns in int32 (float32) or int16."""
         arr = check_float_input(x)
-        if self.dtype == "float32":
-            return arr.astype(np.float32).view(np.int32)
-        if self.dtype == "float16":
-            with np.errstate(over="ignore"):
+        with np.errstate(over="ignore"):  # overflow to +-inf is IEEE rounding, not an error
+            if self.dtype == "float16":
                 return arr.astype(np.float16).view(np.int16)
-        u = arr.astype(np.float32).view(np.uint32).astype(np.uint64)
+            f32 = arr.astype(np.float32)
+        if self.dtype == "float32":
+            return f32.view(np.int32)
+        u = f32.view(np.uint32).astype(np.uint64)
         rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
-        nan = np.isnan(arr.astype(np.float32))
+        nan = np.isnan(f32)
         quiet_nan = (u >> 16) | 0x0040
         top = np.where(nan, quiet_nan, rounded)
         return top.astype(np.uint16).view(np.int16)
@@ -473,7 +483,8 @@ class Float(_FormatBase):
         else:
             u = low_bits_unsigned(w, 16).astype(np.uint32) << np.uint32(16)
             out = u.view(np.float32)
-        return out.astype(dtype)
+        with np.errstate(invalid="ignore"):  # a faulty word may be a signalling NaN: keep it
+            return out.astype(dtype)
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "dtype": self.dtype}
