@@ -58,6 +58,28 @@ def field_positions(kind: str, bits: int, frac: int = 0, dtype: str = "") -> dic
     return {**fields, "msb": [bits - 1], "lsb": [0], "all": list(range(bits))}
 
 
+def fields_of(fmt: Any) -> dict[str, list[int]]:
+    """``field_positions`` for a bitfault format object (only its parameters are read)."""
+    kind = type(fmt).__name__
+    if kind == "FixedPoint":
+        return field_positions("fixed_point", fmt.bits, fmt.frac)
+    if kind == "IntQuant":
+        return field_positions("int_quant", fmt.bits)
+    return field_positions("float", 0, dtype=fmt.dtype)
+
+
+def positions_of(fmt: Any, selection: Any) -> list[int]:
+    """The sorted positions a ``bits=`` selection (None, a position, a name, a list) names."""
+    if selection is None:
+        return list(range(fmt.bits))
+    items = list(selection) if isinstance(selection, (list, tuple)) else [selection]
+    fields = fields_of(fmt)
+    found: set[int] = set()
+    for item in items:
+        found.update(fields[item] if isinstance(item, str) else [int(item)])
+    return sorted(found)
+
+
 def mask_of(positions: Iterable[int]) -> int:
     return sum(1 << p for p in set(positions))
 

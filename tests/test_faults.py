@@ -20,17 +20,9 @@ FAULTS = [("flip", 0, BitFlip), ("stuck", 0, lambda bits=None: StuckAt(0, bits=b
           ("stuck", 1, lambda bits=None: StuckAt(1, bits=bits))]
 
 
-def ref_fields(fmt) -> dict[str, list[int]]:
-    if isinstance(fmt, FixedPoint):
-        return ref.field_positions("fixed_point", fmt.bits, fmt.frac)
-    if isinstance(fmt, IntQuant):
-        return ref.field_positions("int_quant", fmt.bits)
-    return ref.field_positions("float", fmt.bits, dtype=fmt.dtype)
-
-
 def selections(fmt):
     """Bit selections to try on ``fmt``: None, every field name, positions, mixtures."""
-    fields = ref_fields(fmt)
+    fields = ref.fields_of(fmt)
     top = fmt.bits - 1
     out = [(None, list(range(fmt.bits)))]
     out += [(name, positions) for name, positions in fields.items() if positions]

@@ -135,7 +135,8 @@ FaultModel = BitFlip | StuckAt
 def fault_from_dict(data: dict[str, Any]) -> FaultModel:
     """Rebuild a fault model from ``to_dict()`` output."""
     if not isinstance(data, dict) or "kind" not in data:
-        raise ValueError(f"a fault dict needs a 'kind' key ('bit_flip' or 'stuck_at'); got {data!r}")
+        raise ValueError(
+            f"a fault dict needs a 'kind' key ('bit_flip' or 'stuck_at'); got {data!r}")
     kind = data["kind"]
     rest = {k: v for k, v in data.items() if k != "kind"}
     allowed = {"bit_flip": {"bits"}, "stuck_at": {"bits", "value"}}

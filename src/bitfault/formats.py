@@ -70,6 +70,13 @@ def _first_bad(bad: np.ndarray, values: np.ndarray) -> tuple[tuple[int, ...], fl
     return index, float(np.asarray(values).ravel()[flat])
 
 
+def _cast(values: np.ndarray, dtype: Any) -> np.ndarray:
+    """Cast decoded values to ``dtype`` quietly: a faulty value too large for it becomes +-inf
+    (IEEE rounding) and a signalling-NaN word stays a NaN; neither is an error."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.asarray(values).astype(dtype)
+
+
 def _round(y: np.ndarray, rounding: str) -> np.ndarray:
     return np.rint(y) if rounding == "nearest" else np.trunc(y)
 
@@ -247,7 +254,7 @@ class FixedPoint(_FormatBase):
         self, words: Any, params: QuantParams | None = None, dtype: Any = np.float32
     ) -> np.ndarray:
         """Words -> floats (``dtype``, float32 by default); reads only the low ``bits`` bits."""
-        return (low_bits_signed(words, self.bits) * 2.0**-self.frac).astype(dtype)
+        return _cast(low_bits_signed(words, self.bits) * 2.0**-self.frac, dtype)
 
     def _q(self) -> str:
         return f"(Q{self.bits - self.frac}.{self.frac})"
@@ -287,8 +294,8 @@ class IntQuant(_FormatBase):
         if not isinstance(self.symmetric, (bool, np.bool_)):
             raise TypeError(f"symmetric must be True or False, got {self.symmetric!r}")
         if not isinstance(self.per_channel, (bool, int, np.integer)):
-            raise TypeError(
-                f"per_channel must be False, True (axis 0) or an axis int, got {self.per_channel!r}")
+            raise TypeError(f"per_channel must be False, True (axis 0) or an axis int, "
+                            f"got {self.per_channel!r}")
         if self.rounding not in _ROUNDINGS:
             raise ValueError(f"rounding must be one of {_ROUNDINGS}, got {self.rounding!r}")
         if self.codes is None:
@@ -394,7 +401,7 @@ class IntQuant(_FormatBase):
         else:
             stored = low_bits_unsigned(words, self.bits)
         q = stored - self._offset - params.zero_point
-        return (q * params.scale).astype(dtype)
+        return _cast(q * params.scale, dtype)
 
 _FLOAT_LAYOUTS: dict[str, tuple[int, int, int]] = {
     # name: (bits, exponent bits, mantissa bits)
@@ -483,8 +490,7 @@ class Float(_FormatBase):
         else:
             u = low_bits_unsigned(w, 16).astype(np.uint32) << np.uint32(16)
             out = u.view(np.float32)
-        with np.errstate(invalid="ignore"):  # a faulty word may be a signalling NaN: keep it
-            return out.astype(dtype)
+        return _cast(out, dtype)
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "dtype": self.dtype}
@@ -505,7 +511,8 @@ def format_from_dict(data: dict[str, Any]) -> Format:
     allowed = {f for f in cls.__dataclass_fields__}
     unknown = sorted(set(args) - allowed)
     if unknown:
-        raise ValueError(f"unknown key(s) {unknown} for format {kind!r}; allowed: {sorted(allowed)}")
+        raise ValueError(
+            f"unknown key(s) {unknown} for format {kind!r}; allowed: {sorted(allowed)}")
     return cls(**args)
 
 

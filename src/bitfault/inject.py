@@ -53,7 +53,7 @@ def fault_words(words: np.ndarray, fmt: Format, fault: FaultModel,
     keep = masks != 0
     idx, masks = fmap.indices[keep], masks[keep]
     container = words.dtype
-    out = np.array(words, copy=True)
+    out = np.array(words, copy=True, order="C")  # C order: reshape(-1) below is a view
     flat = out.reshape(-1)
     before = flat[idx]
     m = masks.astype(f"u{container.itemsize}").view(container)

@@ -44,7 +44,11 @@ def _check_choice(value: Any, allowed: tuple[str, ...], argument: str) -> str:
 
 
 def _normalise_targets(targets: Any) -> tuple[str, ...]:
-    items = (targets,) if isinstance(targets, str) else tuple(targets)
+    try:
+        items = (targets,) if isinstance(targets, str) else tuple(targets)
+    except TypeError:
+        raise TypeError(f"targets must be one of {TARGETS} or a sequence of them, "
+                        f"got {targets!r}") from None
     if not items:
         raise ValueError(f"targets must name at least one of {TARGETS}")
     for t in items:
@@ -59,7 +63,8 @@ def _map_from_json(name: str, value: Any) -> FaultMap:
         return FaultMap.load(value, name=None)
     if isinstance(value, Mapping) and {"shape", "indices", "masks"} <= set(value):
         return FaultMap(tuple(value["shape"]), np.asarray(value["indices"], np.int64),
-                        np.asarray(value["masks"], np.uint32), name, dict(value.get("meta", {})))
+                        np.asarray(value["masks"], np.uint32), str(value.get("name", name)),
+                        dict(value.get("meta", {})))
     raise ValueError(f"maps[{name!r}] must be a FaultMap, an .npz path or a dict with shape, "
                      f"indices and masks; got {type(value).__name__}")
 
@@ -141,10 +146,14 @@ class FaultSpec:
                                name=name, bits=self.fault.bits, step=use_step, fault=self.fault)
 
     def replace(self, **changes: Any) -> FaultSpec:
-        """A copy with some fields changed (validated again); ber= clears count/maps."""
-        if "ber" in changes:
-            changes.setdefault("count", None)
-            changes.setdefault("maps", None)
+        """A copy with some fields changed (validated again).
+
+        Giving one of ber=, count= or maps= clears the other two.
+        """
+        sources = ("ber", "count", "maps")
+        if any(k in changes for k in sources):
+            for k in sources:
+                changes.setdefault(k, None)
         return dataclasses.replace(self, **changes)
 
     # ---- JSON ----------------------------------------------------------------------------
@@ -156,7 +165,7 @@ class FaultSpec:
             ber = list(ber)
         maps = None
         if self.maps is not None:
-            maps = {k: {"shape": list(m.shape), "indices": m.indices.tolist(),
+            maps = {k: {"name": m.name, "shape": list(m.shape), "indices": m.indices.tolist(),
                         "masks": m.masks.tolist(), "meta": m.meta} for k, m in self.maps.items()}
         return {"format": self.format.to_dict(), "fault": self.fault.to_dict(), "ber": ber,
                 "count": None if self.count is None else int(self.count), "maps": maps,

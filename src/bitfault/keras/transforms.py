@@ -1,0 +1,242 @@
+"""encode -> fault -> decode with TensorFlow ops, bit for bit what ``bitfault.inject`` computes.
+
+Every function here takes a float32 tensor and a same-shape (or broadcastable)
+integer mask in the format's container dtype (int8/int16/int32, as
+``FaultMap.to_dense(fmt.container)`` gives it) and returns the faulty float32
+tensor. Values are clamped, rounded and NaN-mapped *before* any float->int
+cast (TensorFlow's cast of NaN or out-of-range values is undefined). Masks are
+already restricted to the fault model's eligible bits; a mask sign-extended to
+a wider word only sets bits that decoding never reads.
+
+``fused_fault_function`` compiles the transform of several tensors into one
+XLA kernel (``tf.function(jit_compile=True)``), which TensorFlow runs as a
+single fused pass over each tensor even inside a graph that is not itself
+XLA-compiled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from bitfault.faults import BitFlip, FaultModel, StuckAt
+from bitfault.formats import FixedPoint, Float, Format, IntQuant
+
+FaultFn = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
+
+
+def check_supported(fmt: Format, fault: FaultModel) -> None:
+    """Raise a clear error for a format or fault model this adapter cannot run in a graph."""
+    if not isinstance(fmt, (FixedPoint, IntQuant, Float)):
+        raise TypeError(f"spec.format must be FixedPoint, IntQuant or Float, got {fmt!r}")
+    if isinstance(fmt, FixedPoint) and fmt.overflow == "error":
+        raise ValueError(
+            "spec.format FixedPoint(overflow='error') is not supported by bitfault.keras: a "
+            "compiled Keras graph cannot raise on a weight value; use overflow='saturate' or "
+            "'wrap' (or check the weights with bitfault.inject in NumPy)")
+    if not isinstance(fault, (BitFlip, StuckAt)):
+        raise TypeError(f"spec.fault must be BitFlip() or StuckAt(0|1), got {fault!r}")
+
+
+def _apply_fault(words: tf.Tensor, mask: tf.Tensor, fault: FaultModel) -> tf.Tensor:
+    mask = tf.cast(mask, words.dtype)  # sign extension only sets bits decode never reads
+    if isinstance(fault, BitFlip):
+        return tf.bitwise.bitwise_xor(words, mask)
+    if fault.value == 0:
+        return tf.bitwise.bitwise_and(words, tf.bitwise.invert(mask))
+    return tf.bitwise.bitwise_or(words, mask)
+
+
+def _sign_extend(words: tf.Tensor, bits: int) -> tf.Tensor:
+    """The low ``bits`` bits of each word read as two's complement (same dtype)."""
+    width = words.dtype.size * 8
+    if bits == width:
+        return words
+    shift = tf.constant(width - bits, words.dtype)
+    return tf.bitwise.right_shift(tf.bitwise.left_shift(words, shift), shift)
+
+
+def _round(y: tf.Tensor, rounding: str) -> tf.Tensor:
+    if rounding == "nearest":
+        return tf.math.round(y)  # half to even, like np.rint
+    return tf.where(y < 0, tf.math.ceil(y), tf.math.floor(y))
+
+
+def _largest_float32_at_most(value: int) -> float:
+    f = np.float32(value)
+    if float(f) > value:
+        f = np.nextafter(f, np.float32(-np.inf))
+    return float(f)
+
+
+def _encode_fixed_saturate(x: tf.Tensor, fmt: FixedPoint) -> tf.Tensor:
+    """float32 -> int32 codes. x * 2**frac is exact in float32 (or overflows to inf)."""
+    lo, hi = fmt.code_range
+    y = x * tf.constant(2.0**fmt.frac, tf.float32)
+    if fmt.rounding == "nearest":
+        y = tf.math.round(y)
+    y = tf.where(tf.math.is_nan(y), tf.zeros_like(y), y)
+    hi_f = _largest_float32_at_most(hi)
+    # Clamped values are finite and in range, so the cast is defined; it truncates
+    # toward zero, which is the "trunc" rounding itself.
+    codes = tf.cast(tf.clip_by_value(y, float(lo), hi_f), tf.int32)
+    if hi_f != hi:  # no float32 lies between hi_f and 2**(bits-1)
+        codes = tf.where(y >= 2.0 ** (fmt.bits - 1), tf.constant(hi, tf.int32), codes)
+    return codes
+
+
+def _encode_fixed_wrap(x: tf.Tensor, fmt: FixedPoint) -> tf.Tensor:
+    """float32 -> int32 codes keeping the low bits, in float64 exactly as the core does."""
+    lo, hi = fmt.code_range
+    y = _round(tf.cast(x, tf.float64) * (2.0**fmt.frac), fmt.rounding)
+    finite = tf.math.is_finite(y)
+    span = float(hi - lo + 1)
+    # fmod first (exact for any float), then the floored modulo of a small value
+    rem = tf.truncatemod(tf.where(finite, y, tf.zeros_like(y)), span)
+    wrapped = tf.math.floormod(rem - lo, span) + lo
+    y = tf.where(finite, wrapped, tf.where(tf.math.is_nan(y), tf.zeros_like(y), y))
+    return tf.cast(tf.clip_by_value(y, float(lo), float(hi)), tf.int32)
+
+
+def fixed_point_fault(fmt: FixedPoint, fault: FaultModel) -> FaultFn:
+    encode = _encode_fixed_wrap if fmt.overflow == "wrap" else _encode_fixed_saturate
+
+    def run(x: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
+        words = _apply_fault(encode(x, fmt), mask, fault)
+        return tf.cast(_sign_extend(words, fmt.bits), tf.float32) * tf.constant(
+            2.0**-fmt.frac, tf.float32)
+
+    return run
+
+
+def int_quant_fault(fmt: IntQuant, fault: FaultModel, axis: int | None) -> FaultFn:
+    """IntQuant in float64/int64 as the core computes it; ``axis`` is the channel axis of x."""
+    lo, hi = fmt.code_range
+    offset = fmt._offset
+
+    def run(x: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
+        x64 = tf.cast(x, tf.float64)
+        if axis is None:
+            axes, keep = None, False
+        else:
+            axes, keep = [i for i in range(x.shape.rank) if i != axis], True
+        if fmt.symmetric:
+            scale = tf.reduce_max(tf.abs(x64), axis=axes, keepdims=keep) / float(hi)
+            zero = tf.zeros_like(scale)
+        else:
+            xmin = tf.minimum(tf.reduce_min(x64, axis=axes, keepdims=keep), 0.0)
+            xmax = tf.maximum(tf.reduce_max(x64, axis=axes, keepdims=keep), 0.0)
+            scale = (xmax - xmin) / float(hi - lo)
+            safe = tf.where(scale > 0, scale, tf.ones_like(scale))
+            zero = tf.clip_by_value(tf.math.round(lo - xmin / safe), float(lo), float(hi))
+        scale = tf.where(scale > 0, scale, tf.ones_like(scale))
+        y = _round(x64 / scale, fmt.rounding) + zero
+        y = tf.where(tf.math.is_nan(y), tf.zeros_like(y), y)
+        codes = tf.cast(tf.clip_by_value(y, float(lo), float(hi)), tf.int64) + offset
+        words = _apply_fault(codes, mask, fault)
+        if fmt.codes == "signed":
+            stored = _sign_extend(words, fmt.bits) if fmt.bits < 64 else words
+        else:
+            stored = tf.bitwise.bitwise_and(words, tf.constant(fmt.word_mask, tf.int64))
+        q = stored - offset - tf.cast(zero, tf.int64)
+        return tf.cast(tf.cast(q, tf.float64) * scale, tf.float32)
+
+    return run
+
+
+def _float16_words(x: tf.Tensor) -> tf.Tensor:
+    """float32 -> float16 bit patterns (int16), NaN payloads as NumPy keeps them."""
+    words = tf.bitcast(tf.cast(x, tf.float16), tf.int16)
+    u = tf.bitwise.bitwise_and(tf.cast(tf.bitcast(x, tf.int32), tf.int64), 0xFFFFFFFF)
+    sign = tf.bitwise.bitwise_and(tf.bitwise.right_shift(u, 16), 0x8000)
+    payload = tf.maximum(tf.bitwise.bitwise_and(tf.bitwise.right_shift(u, 13), 0x3FF), 1)
+    nan = tf.bitwise.bitwise_or(sign, tf.bitwise.bitwise_or(payload, 0x7C00))
+    return tf.where(tf.math.is_nan(x), _int64_to_int16(nan), words)
+
+
+def _int64_to_int16(u: tf.Tensor) -> tf.Tensor:
+    """Values 0..0xFFFF -> the int16 with that bit pattern (no wrapping cast)."""
+    return tf.cast(tf.where(u >= 0x8000, u - 0x10000, u), tf.int16)
+
+
+def _float16_to_float32(words: tf.Tensor) -> tf.Tensor:
+    """float16 bit patterns -> float32, keeping NaN payloads (a hardware cast may quiet them)."""
+    widened = tf.cast(tf.bitcast(words, tf.float16), tf.float32)
+    h = tf.bitwise.bitwise_and(tf.cast(words, tf.int32), 0xFFFF)
+    sign = tf.bitwise.left_shift(tf.bitwise.right_shift(h, 15), 31)
+    payload = tf.bitwise.left_shift(tf.bitwise.bitwise_and(h, 0x3FF), 13)
+    nan = tf.bitcast(tf.bitwise.bitwise_or(sign, tf.bitwise.bitwise_or(payload, 0x7F800000)),
+                     tf.float32)
+    return tf.where(tf.math.is_nan(widened), nan, widened)
+
+
+def _bfloat16_words(x: tf.Tensor) -> tf.Tensor:
+    """float32 -> bfloat16 bit patterns (int16), round to nearest even as the core does."""
+    u = tf.bitwise.bitwise_and(tf.cast(tf.bitcast(x, tf.int32), tf.int64), 0xFFFFFFFF)
+    lsb = tf.bitwise.bitwise_and(tf.bitwise.right_shift(u, 16), 1)
+    rounded = tf.bitwise.right_shift(u + 0x7FFF + lsb, 16)
+    quiet_nan = tf.bitwise.bitwise_or(tf.bitwise.right_shift(u, 16), 0x0040)
+    return _int64_to_int16(tf.where(tf.math.is_nan(x), quiet_nan, rounded))
+
+
+def float_fault(fmt: Float, fault: FaultModel) -> FaultFn:
+    def run(x: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
+        if fmt.dtype == "float32":
+            return tf.bitcast(_apply_fault(tf.bitcast(x, tf.int32), mask, fault), tf.float32)
+        if fmt.dtype == "float16":
+            return _float16_to_float32(_apply_fault(_float16_words(x), mask, fault))
+        words = _apply_fault(_bfloat16_words(x), mask, fault)
+        high = tf.bitwise.left_shift(tf.cast(words, tf.int32), 16)  # low 16 bits end up zero
+        return tf.bitcast(high, tf.float32)
+
+    return run
+
+
+def fault_function(fmt: Format, fault: FaultModel, axis: int | None = None) -> FaultFn:
+    """``(x, mask) -> faulty x`` for one tensor; ``axis``: IntQuant's channel axis in x."""
+    check_supported(fmt, fault)
+    if isinstance(fmt, FixedPoint):
+        return fixed_point_fault(fmt, fault)
+    if isinstance(fmt, IntQuant):
+        return int_quant_fault(fmt, fault, axis)
+    return float_fault(fmt, fault)  # type: ignore[arg-type]
+
+
+def fused_fault_function(fns: Sequence[FaultFn], jit: bool = True) -> Any:
+    """One function faulting several tensors: ``(values, masks) -> faulty values``.
+
+    With ``jit`` it is an XLA-compiled ``tf.function``: one fused pass per tensor.
+    """
+
+    def run(values: list[tf.Tensor], masks: list[tf.Tensor]) -> list[tf.Tensor]:
+        return [fn(v, m) for fn, v, m in zip(fns, values, masks, strict=True)]
+
+    if not jit:
+        return run
+    return tf.function(run, jit_compile=True, autograph=False, reduce_retracing=True)
+
+
+def straight_through(fused: Any, values: list[tf.Tensor], masks: list[tf.Tensor],
+                     gradient: str) -> list[tf.Tensor]:
+    """The faulty values; "ste": gradient passes to ``values`` unchanged; "blocked": none."""
+    if gradient == "blocked":
+        return [tf.stop_gradient(v) for v in fused(values, masks)]
+    n = len(values)
+
+    @tf.custom_gradient
+    def identity_grad(*args: tf.Tensor) -> Any:
+        out = fused(list(args[:n]), list(args[n:]))
+
+        def grad(*dys: tf.Tensor) -> list[Any]:
+            return [*dys, *([None] * n)]
+
+        return out, grad
+
+    out = identity_grad(*values, *masks)
+    return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+__all__ = ["check_supported", "fault_function", "fused_fault_function", "straight_through"]
