@@ -268,13 +268,15 @@ def float_edges() -> list[float]:
         float(f16.max), -float(f16.max), 65519.99, 65520.0, -65520.0, 65536.0, 1e5,
         float(f16.smallest_subnormal), float(f16.smallest_subnormal) / 2,
         float(f16.smallest_subnormal) * 0.75, float(f16.smallest_subnormal) * 1.5,
-        float(f16.tiny), float(f16.tiny) * 0.999, 2.0**-149, 3.0e38,
+        float(f16.tiny), float(f16.tiny) * 0.999, 2.0**-149, 3.0e38, 3.5e38, -3.5e38, 1e300,
+        -1e300, 5e-324, -5e-324,
         # bfloat16 ties: low 16 bits exactly 0x8000 with an even and an odd high half
         struct.unpack("<f", struct.pack("<I", 0x3F808000))[0],
         struct.unpack("<f", struct.pack("<I", 0x3F818000))[0],
         struct.unpack("<f", struct.pack("<I", 0x3F808001))[0],
         struct.unpack("<f", struct.pack("<I", 0x7F7F8000))[0],  # rounds up to inf
         struct.unpack("<f", struct.pack("<I", 0x7F7F7FFF))[0],
+        struct.unpack("<f", struct.pack("<I", 0x7F7F0000))[0],  # the largest bfloat16
     ]
 
 

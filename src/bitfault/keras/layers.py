@@ -1,0 +1,226 @@
+"""FaultyLayer: a Keras wrapper whose inner layer computes with faulty weights.
+
+The wrapper keeps the inner layer's clean float32 variables (what the
+optimizer updates and what is saved) and, per call, computes their faulty
+values in one fused XLA pass, then runs the inner layer with those values
+substituted for the variables (``keras.StatelessScope``: nothing is assigned).
+Under ``gradient="ste"`` the faulty values pass their gradient straight to
+the clean variables; under ``"blocked"`` they pass none, as the seed program's
+``tf.stop_gradient`` did. Fault masks are non-trainable integer variables in
+Keras layout, drawn from the NumPy core in PyTorch layout.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from bitfault.faults import FaultModel
+from bitfault.formats import Format, IntQuant
+from bitfault.keras.layouts import (
+    SUPPORTED_NAMES,
+    Slot,
+    dense_mask,
+    draw_maps,
+    is_supported,
+    plan_slots,
+)
+from bitfault.keras.transforms import (
+    check_supported,
+    fault_function,
+    fused_fault_function,
+    straight_through,
+)
+from bitfault.maps import FaultMap
+from bitfault.spec import FaultSpec
+
+#: Set ``BITFAULT_KERAS_XLA=0`` to run the transform as plain TensorFlow ops (slower).
+USE_XLA = os.environ.get("BITFAULT_KERAS_XLA", "1") != "0"
+
+
+def as_spec(spec: Any) -> FaultSpec:
+    """A FaultSpec from a FaultSpec or its ``to_dict()`` form; TypeError otherwise."""
+    if isinstance(spec, FaultSpec):
+        return spec
+    if isinstance(spec, dict):
+        return FaultSpec.from_dict(spec)
+    raise TypeError(f"spec must be a bitfault.FaultSpec (or its to_dict()), got "
+                    f"{type(spec).__name__}")
+
+
+def _check_step(step: Any) -> int | None:
+    if step is None:
+        return None
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"step must be None or a non-negative integer, got {step!r}")
+    return step
+
+
+@functools.lru_cache(maxsize=256)
+def _fused(fmt: Format, fault: FaultModel, axes: tuple[int | None, ...], jit: bool) -> Any:
+    return fused_fault_function([fault_function(fmt, fault, a) for a in axes], jit=jit)
+
+
+def _channel_axis(slot: Slot, fmt: Format) -> int | None:
+    if isinstance(fmt, IntQuant) and fmt.axis is not None and slot.variable is not None:
+        return slot.keras_axis(fmt.axis)
+    return None
+
+
+@contextmanager
+def _substituted(pairs: Iterable[tuple[Any, Any]]) -> Iterator[keras.StatelessScope]:
+    """Inside: reading each variable gives its paired value (nothing is assigned)."""
+    from keras.src.backend.common.stateless_scope import get_stateless_scope
+
+    outer = get_stateless_scope()
+    scope = keras.StatelessScope(list(pairs), collect_losses=True, initialize_variables=False)
+    if outer is not None:  # keep what an enclosing scope substitutes
+        scope.state_mapping = {**outer.state_mapping, **scope.state_mapping}
+    with scope:
+        yield scope
+
+
+@keras.saving.register_keras_serializable(package="bitfault")
+class FaultyLayer(keras.layers.Wrapper):
+    """Run ``layer`` (Dense, EinsumDense, Conv1D/2D/3D, Embedding) through faulty memory.
+
+    ``spec`` says what is faulted and how; tensors are named
+    ``"<tensor_prefix>.weight"``, ``".bias"``, ``".output"`` (prefix: the
+    layer's name unless given). ``step`` picks the map of a transient spec
+    (``resample`` changes it). The wrapper takes the inner layer's name.
+    """
+
+    def __init__(self, layer: keras.layers.Layer, spec: FaultSpec | dict[str, Any],
+                 tensor_prefix: str | None = None, step: int | None = None,
+                 **kwargs: Any) -> None:
+        spec = as_spec(spec)
+        check_supported(spec.format, spec.fault)
+        if isinstance(layer, FaultyLayer):
+            raise TypeError(f"layer {layer.name!r} is already a FaultyLayer")
+        if not is_supported(layer):
+            raise TypeError(f"layer must be one of {SUPPORTED_NAMES}, got "
+                            f"{type(layer).__name__} ({getattr(layer, 'name', '?')!r})")
+        if tensor_prefix is not None and (not isinstance(tensor_prefix, str) or not tensor_prefix):
+            raise ValueError(f"tensor_prefix must be a non-empty string, got {tensor_prefix!r}")
+        kwargs.setdefault("name", layer.name)
+        super().__init__(layer, **kwargs)
+        self.spec = spec
+        self.tensor_prefix = tensor_prefix or layer.name
+        self.step = _check_step(step)
+        self._slots: list[Slot] = []
+        self._mask_variables: list[Any] = []
+        self._maps: dict[str, FaultMap] = {}
+        self._preset_maps: dict[str, FaultMap] | None = None
+
+    # ---- building -------------------------------------------------------------------------
+
+    def build(self, input_shape: Any = None) -> None:
+        super().build(input_shape)
+        output_shape = None
+        if "activations" in self.spec.targets:
+            output_shape = tuple(self.layer.compute_output_shape(input_shape))
+        slots = plan_slots(self.layer, self.tensor_prefix, self.spec, output_shape)
+        maps = self._preset_maps or draw_maps(slots, self.spec, self.step)
+        masks = []
+        for slot in slots:
+            mask = dense_mask(slot, maps[slot.name], self.spec)
+            var = self.add_weight(name=f"{slot.name.rsplit('.', 1)[-1]}_fault_mask",
+                                  shape=slot.keras_shape, dtype=str(mask.dtype),
+                                  initializer="zeros", trainable=False, autocast=False)
+            var.assign(mask)
+            masks.append(var)
+        self._slots, self._mask_variables = slots, masks
+        self._maps = {s.name: maps[s.name] for s in slots}
+        self._preset_maps = None
+
+    def compute_output_shape(self, input_shape: Any) -> Any:
+        return self.layer.compute_output_shape(input_shape)
+
+    # ---- forward --------------------------------------------------------------------------
+
+    def _fused_for(self, slots: list[Slot]) -> Any:
+        axes = tuple(_channel_axis(s, self.spec.format) for s in slots)
+        return _fused(self.spec.format, self.spec.fault, axes, USE_XLA)
+
+    def call(self, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        pairs = [(s, m) for s, m in zip(self._slots, self._mask_variables, strict=True)]
+        params = [(s, m) for s, m in pairs if s.variable is not None]
+        if params:
+            values = [tf.convert_to_tensor(s.variable.value) for s, _ in params]
+            masks = [tf.convert_to_tensor(m.value) for _, m in params]
+            faulty = straight_through(self._fused_for([s for s, _ in params]), values, masks,
+                                      self.spec.gradient)
+            with _substituted((s.variable, f) for (s, _), f in zip(params, faulty)) as scope:
+                outputs = self.layer(inputs, *args, **kwargs)
+            for loss in scope.losses:
+                self.add_loss(loss)
+        else:
+            outputs = self.layer(inputs, *args, **kwargs)
+        for slot, mask in pairs:
+            if slot.variable is None:
+                outputs = self._fault_outputs(slot, outputs, mask)
+        return outputs
+
+    def _fault_outputs(self, slot: Slot, outputs: Any, mask: Any) -> Any:
+        x = tf.convert_to_tensor(outputs)
+        if x.dtype != tf.float32:
+            raise TypeError(f"activation faults on {slot.name!r} need float32 outputs, got "
+                            f"{x.dtype.name} (mixed precision is supported for weights only)")
+        # Activations always pass their gradient straight through ("blocked" concerns weights).
+        return straight_through(self._fused_for([slot]), [x], [tf.convert_to_tensor(mask.value)],
+                                "ste")[0]
+
+    # ---- maps -----------------------------------------------------------------------------
+
+    @property
+    def maps(self) -> dict[str, FaultMap]:
+        """The fault map of each faulted tensor (PyTorch layout), by tensor name."""
+        return dict(self._maps)
+
+    @property
+    def tensor_names(self) -> list[str]:
+        return [s.name for s in self._slots]
+
+    def resample(self, step: int) -> None:
+        """Draw the maps of ``step`` (transient specs; permanent maps never change)."""
+        step = _check_step(step)
+        if self.spec.persistence != "transient":
+            return
+        if self.built and step != self.step:
+            maps = draw_maps(self._slots, self.spec, step)
+            for slot, var in zip(self._slots, self._mask_variables, strict=True):
+                var.assign(dense_mask(slot, maps[slot.name], self.spec))
+            self._maps = maps
+        self.step = step
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "spec": self.spec.to_dict(),
+                "tensor_prefix": self.tensor_prefix, "step": self.step}
+
+
+def _faulty(layer_class: Any) -> Any:
+    def make(*args: Any, spec: FaultSpec | dict[str, Any], tensor_prefix: str | None = None,
+             **kwargs: Any) -> FaultyLayer:
+        return FaultyLayer(layer_class(*args, **kwargs), spec, tensor_prefix=tensor_prefix)
+
+    make.__name__ = make.__qualname__ = f"Faulty{layer_class.__name__}"
+    make.__doc__ = (f"``FaultyLayer(keras.layers.{layer_class.__name__}(*args, **kwargs), spec)``"
+                    f"; saved and reloaded as a FaultyLayer.")
+    return make
+
+
+FaultyDense = _faulty(keras.layers.Dense)
+FaultyEinsumDense = _faulty(keras.layers.EinsumDense)
+FaultyConv1D = _faulty(keras.layers.Conv1D)
+FaultyConv2D = _faulty(keras.layers.Conv2D)
+FaultyConv3D = _faulty(keras.layers.Conv3D)
+FaultyEmbedding = _faulty(keras.layers.Embedding)
+
+__all__ = ["FaultyConv1D", "FaultyConv2D", "FaultyConv3D", "FaultyDense", "FaultyEinsumDense",
+           "FaultyEmbedding", "FaultyLayer", "as_spec"]

@@ -1,0 +1,154 @@
+"""Which tensors of a Keras layer are faulted, their names, and their PyTorch layouts.
+
+Fault maps are drawn in PyTorch layout so one seed gives the same faulty
+weights in every framework: a Dense kernel ``(in, out)`` is the transpose of a
+Linear weight ``(out, in)``; a ConvNd kernel ``(*k, in, out)`` is the Conv
+weight ``(out, in, *k)`` permuted; an Embedding table is the same in both.
+EinsumDense has no PyTorch counterpart: its kernel is mapped in its own layout.
+Channels-last activations ``(N, *spatial, C)`` are mapped per example as
+``(C, *spatial)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import keras
+import numpy as np
+
+from bitfault.formats import IntQuant
+from bitfault.maps import FaultMap
+from bitfault.spec import FaultSpec
+
+SUPPORTED_LAYERS: tuple[type, ...] = (
+    keras.layers.Dense, keras.layers.EinsumDense, keras.layers.Conv1D, keras.layers.Conv2D,
+    keras.layers.Conv3D, keras.layers.Embedding)
+SUPPORTED_NAMES = "Dense, EinsumDense, Conv1D, Conv2D, Conv3D and Embedding"
+_WEIGHT_VARIABLES = ("kernel", "embeddings")
+
+
+@dataclass(frozen=True, eq=False)
+class Slot:
+    """One faulted tensor of a layer.
+
+    ``perm``: the Keras tensor is ``np.transpose(torch_tensor, perm)`` (per
+    example for activations). ``variable`` is None for activations.
+    """
+
+    target: str
+    name: str
+    keras_shape: tuple[int, ...]
+    perm: tuple[int, ...]
+    variable: Any = None
+
+    @property
+    def torch_shape(self) -> tuple[int, ...]:
+        shape = [0] * len(self.perm)
+        for keras_axis, torch_axis in enumerate(self.perm):
+            shape[torch_axis] = self.keras_shape[keras_axis]
+        return tuple(shape)
+
+    def to_keras(self, torch_array: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(np.transpose(torch_array, self.perm))
+
+    def to_torch(self, keras_array: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(np.transpose(keras_array, np.argsort(self.perm)))
+
+    def keras_axis(self, torch_axis: int) -> int:
+        """The Keras axis holding PyTorch axis ``torch_axis`` (IntQuant's channel axis)."""
+        ndim = len(self.perm)
+        if not -ndim <= torch_axis < ndim:
+            raise ValueError(f"per_channel axis {torch_axis} is out of range for tensor "
+                             f"{self.name!r} with {ndim} dimensions")
+        return self.perm.index(torch_axis % ndim)
+
+
+def is_supported(layer: Any) -> bool:
+    return isinstance(layer, SUPPORTED_LAYERS)
+
+
+def _kernel_perm(layer: Any, ndim: int) -> tuple[int, ...]:
+    if isinstance(layer, (keras.layers.Dense, keras.layers.Conv1D, keras.layers.Conv2D,
+                          keras.layers.Conv3D)):
+        return (*range(2, ndim), 1, 0)  # (out, in, *k) -> (*k, in, out); (out, in) -> (in, out)
+    return tuple(range(ndim))
+
+
+def _output_perm(layer: Any, ndim: int) -> tuple[int, ...]:
+    conv = isinstance(layer, (keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D))
+    if conv and getattr(layer, "data_format", "channels_last") == "channels_last" and ndim >= 2:
+        return (*range(1, ndim), 0)  # (C, *spatial) -> (*spatial, C)
+    return tuple(range(ndim))
+
+
+def _own_variable(layer: Any, names: tuple[str, ...]) -> Any:
+    return next((v for v in layer.weights if v.name in names), None)
+
+
+def _check_float32(variable: Any, name: str) -> None:
+    dtype = str(variable.dtype)
+    if "int" in dtype or "bool" in dtype:
+        raise TypeError(f"tensor {name!r} ({variable.path}) has dtype {dtype}: bitfault faults "
+                        "float weights (a quantized or integer variable is already words; fault "
+                        "the float model instead)")
+    if dtype != "float32":
+        raise TypeError(f"tensor {name!r} ({variable.path}) has dtype {dtype}: bitfault.keras "
+                        "supports float32 variables (mixed-precision policies keep float32 "
+                        "variables and are supported)")
+
+
+def plan_slots(layer: Any, prefix: str, spec: FaultSpec,
+               output_shape: tuple[Any, ...] | None) -> list[Slot]:
+    """The tensors of a built ``layer`` that ``spec.targets`` fault, named ``prefix.*``."""
+    if not is_supported(layer):
+        raise TypeError(f"layer {prefix!r} is a {type(layer).__name__}; bitfault.keras faults "
+                        f"{SUPPORTED_NAMES} layers")
+    slots = []
+    if "weights" in spec.targets:
+        kernel = _own_variable(layer, _WEIGHT_VARIABLES)
+        if kernel is None:
+            raise ValueError(f"layer {prefix!r} has no kernel or embeddings variable (is it "
+                             "built?)")
+        _check_float32(kernel, f"{prefix}.weight")
+        shape = tuple(int(d) for d in kernel.shape)
+        slots.append(Slot("weights", f"{prefix}.weight", shape,
+                          _kernel_perm(layer, len(shape)), kernel))
+    if "biases" in spec.targets:
+        bias = _own_variable(layer, ("bias",))
+        if bias is not None:
+            _check_float32(bias, f"{prefix}.bias")
+            shape = tuple(int(d) for d in bias.shape)
+            slots.append(Slot("biases", f"{prefix}.bias", shape, tuple(range(len(shape))), bias))
+    if "activations" in spec.targets:
+        if output_shape is None or any(d is None for d in output_shape[1:]):
+            raise ValueError(f"activation faults on {prefix!r} need a fixed per-example output "
+                             f"shape; the layer's output shape is {output_shape}")
+        shape = tuple(int(d) for d in output_shape[1:])
+        if isinstance(spec.format, IntQuant) and spec.format.axis is not None:
+            raise ValueError("spec.format IntQuant(per_channel=...) is not supported for "
+                             "activation faults in bitfault.keras; use per_channel=False")
+        slots.append(Slot("activations", f"{prefix}.output", shape,
+                          _output_perm(layer, len(shape))))
+    return slots
+
+
+def draw_maps(slots: list[Slot], spec: FaultSpec, step: int | None) -> dict[str, FaultMap]:
+    """The map of every slot at ``step``, validated against its PyTorch-layout shape."""
+    from bitfault.inject import check_map_fits
+
+    maps = {}
+    for slot in slots:
+        fmap = spec.map_for(slot.name, slot.torch_shape, step)
+        check_map_fits(fmap, slot.torch_shape, spec.format, argument=f"spec.maps[{slot.name!r}]")
+        maps[slot.name] = fmap
+    return maps
+
+
+def dense_mask(slot: Slot, fmap: FaultMap, spec: FaultSpec) -> np.ndarray:
+    """The map as a dense mask in Keras layout and the format's container dtype."""
+    eligible = fmap.restricted(spec.fault.eligible_mask(spec.format))
+    return slot.to_keras(eligible.to_dense(spec.format.container))
+
+
+__all__ = ["SUPPORTED_LAYERS", "Slot", "dense_mask", "draw_maps", "is_supported", "plan_slots"]
