@@ -13,7 +13,9 @@ if _keras.backend.backend() != "tensorflow":
         f"keras (the JAX and PyTorch backends are not supported yet; PyTorch users: "
         f"bitfault.torch).")
 
-from bitfault.keras.layers import (  # noqa: E402
+from bitfault.keras.callbacks import ResampleFaults
+from bitfault.keras.inject import fault_maps, faulty_layers, inject, resample
+from bitfault.keras.layers import (
     FaultyConv1D,
     FaultyConv2D,
     FaultyConv3D,
@@ -31,4 +33,9 @@ __all__ = [
     "FaultyEinsumDense",
     "FaultyEmbedding",
     "FaultyLayer",
+    "ResampleFaults",
+    "fault_maps",
+    "faulty_layers",
+    "inject",
+    "resample",
 ]

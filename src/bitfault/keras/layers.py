@@ -156,7 +156,8 @@ class FaultyLayer(keras.layers.Wrapper):
             masks = [tf.convert_to_tensor(m.value) for _, m in params]
             faulty = straight_through(self._fused_for([s for s, _ in params]), values, masks,
                                       self.spec.gradient)
-            with _substituted((s.variable, f) for (s, _), f in zip(params, faulty)) as scope:
+            substitutes = [(s.variable, f) for (s, _), f in zip(params, faulty, strict=True)]
+            with _substituted(substitutes) as scope:
                 outputs = self.layer(inputs, *args, **kwargs)
             for loss in scope.losses:
                 self.add_loss(loss)
@@ -185,7 +186,19 @@ class FaultyLayer(keras.layers.Wrapper):
 
     @property
     def tensor_names(self) -> list[str]:
+        """The names of the faulted tensors, e.g. ``["fc1.weight", "fc1.bias"]``."""
         return [s.name for s in self._slots]
+
+    def faulty_weights(self) -> dict[str, Any]:
+        """The faulty value of each faulted variable (Keras layout, NumPy) as calls use it now."""
+        params = [(s, m) for s, m in zip(self._slots, self._mask_variables, strict=True)
+                  if s.variable is not None]
+        if not params:
+            return {}
+        values = [tf.convert_to_tensor(s.variable.value) for s, _ in params]
+        masks = [tf.convert_to_tensor(m.value) for _, m in params]
+        out = self._fused_for([s for s, _ in params])(values, masks)
+        return {s.name: v.numpy() for (s, _), v in zip(params, out, strict=True)}
 
     def resample(self, step: int) -> None:
         """Draw the maps of ``step`` (transient specs; permanent maps never change)."""

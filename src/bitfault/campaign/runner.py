@@ -1,0 +1,251 @@
+"""Run a campaign: evaluate every trial of a grid, stream results to a store, resume.
+
+The engine is framework-free: it talks to an *evaluator* that knows the model,
+the data and the tensors that can be faulted, and returns predictions for a list
+of fault-map sets (as many per call as it can vectorise). ``NumpyEvaluator``
+wraps a NumPy forward function; the framework adapters provide their own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+import bitfault
+from bitfault.campaign.grid import Trial
+from bitfault.campaign.store import CampaignStore, TrialRecord
+from bitfault.inject import inject
+from bitfault.maps import FaultMap
+from bitfault.spec import FaultSpec
+from bitfault.stats import robust_error
+
+Maps = dict[str, FaultMap]
+Metric = Callable[[np.ndarray, np.ndarray, np.ndarray], Mapping[str, float]]
+
+
+class Evaluator(Protocol):
+    """What the engine needs from a model + dataset."""
+
+    labels: np.ndarray
+
+    def tensor_shapes(self) -> dict[str, tuple[int, ...]]: ...
+
+    def predict(self, batch_of_maps: Sequence[Maps], spec: FaultSpec) -> list[np.ndarray]: ...
+
+    def model_digest(self) -> str: ...
+
+    def data_digest(self) -> str: ...
+
+
+def _digest_arrays(arrays: Mapping[str, np.ndarray]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(arrays):
+        a = np.ascontiguousarray(arrays[name])
+        h.update(name.encode())
+        h.update(str(a.dtype).encode() + str(a.shape).encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+@dataclass
+class NumpyEvaluator:
+    """A NumPy model: ``forward(params, x) -> logits`` with named float parameters."""
+
+    forward: Callable[[Mapping[str, np.ndarray], np.ndarray], np.ndarray]
+    params: Mapping[str, np.ndarray]
+    x: np.ndarray
+    labels: np.ndarray
+    targets: Sequence[str] | None = None
+
+    def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
+        names = self.targets if self.targets is not None else list(self.params)
+        return {n: tuple(np.shape(self.params[n])) for n in names}
+
+    def predict(self, batch_of_maps: Sequence[Maps], spec: FaultSpec) -> list[np.ndarray]:
+        out = []
+        for maps in batch_of_maps:
+            params = dict(self.params)
+            for name, fmap in maps.items():
+                params[name] = inject(np.asarray(self.params[name]), spec.format, spec.fault,
+                                      fmap)
+            with np.errstate(all="ignore"):
+                logits = self.forward(params, self.x)
+            out.append(_argmax(logits))
+        return out
+
+    def model_digest(self) -> str:
+        return _digest_arrays(dict(self.params))
+
+    def data_digest(self) -> str:
+        return _digest_arrays({"x": self.x, "y": self.labels})
+
+
+def _argmax(logits: np.ndarray) -> np.ndarray:
+    logits = np.asarray(logits, dtype=np.float64)
+    logits = np.where(np.isnan(logits), -np.inf, logits)  # a NaN logit never wins
+    return np.argmax(logits, axis=1)
+
+
+def accuracy_metrics(labels: np.ndarray, clean: np.ndarray, faulty: np.ndarray) -> dict[str, float]:
+    """The default metric: accuracy, correct count, and robust error."""
+    correct = int(np.sum(faulty == labels))
+    return {"accuracy": correct / len(labels), "correct": correct, "n": len(labels),
+            "robust_error": robust_error(labels, clean, faulty)}
+
+
+def trial_maps(trial: Trial, spec: FaultSpec, shapes: Mapping[str, tuple[int, ...]]) -> Maps:
+    """The fault maps of one trial, per target tensor."""
+    if trial.kind == "single":
+        if trial.target not in shapes:
+            raise ValueError(f"trial {trial.key}: unknown tensor {trial.target!r}; known: "
+                             f"{sorted(shapes)}")
+        shape = shapes[trial.target]
+        return {trial.target: FaultMap(shape, np.array([trial.element]),
+                                       np.array([1 << trial.bit], np.uint32), trial.target,
+                                       {"source": "single"})}
+    names = [trial.target] if trial.kind == "layer" else list(shapes)
+    if trial.kind == "layer" and trial.target not in shapes:
+        raise ValueError(f"trial {trial.key}: unknown tensor {trial.target!r}; known: "
+                         f"{sorted(shapes)}")
+    bits = (trial.bit,) if trial.kind == "bit" else spec.fault.bits
+    return {n: FaultMap.random(shapes[n], spec.format, ber=trial.ber, seed=trial.seed, name=n,
+                               bits=bits, fault=spec.fault) for n in names}
+
+
+def _maps_digest(maps: Maps) -> str:
+    h = hashlib.sha256()
+    for name in sorted(maps):
+        h.update(name.encode())
+        h.update(maps[name].digest().encode())
+    return h.hexdigest()
+
+
+def versions() -> dict[str, str]:
+    """Library, Python and framework versions recorded with every trial."""
+    found = {"bitfault": bitfault.__version__, "python": platform.python_version(),
+             "numpy": np.__version__}
+    for mod in ("torch", "tensorflow", "keras"):
+        import sys
+
+        if mod in sys.modules:
+            found[mod] = getattr(sys.modules[mod], "__version__", "?")
+    return found
+
+
+def campaign_digest(spec: FaultSpec, trials: Sequence[Trial], model_digest: str,
+                    data_digest: str) -> str:
+    """Identity of a campaign: spec, the set of trials, model and data."""
+    body = {"spec": spec.to_dict(), "trials": sorted(t.key for t in trials),
+            "model": model_digest, "data": data_digest}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+@dataclass
+class CampaignResult:
+    """Every trial of a campaign (from the store, including earlier runs)."""
+
+    records: list[TrialRecord]
+    ran: int = 0
+    skipped: int = 0
+    clean: dict[str, float] = field(default_factory=dict)
+
+    def to_dataframe(self) -> Any:
+        import pandas as pd
+
+        return pd.DataFrame([r.flat() for r in self.records])
+
+    def to_json(self) -> str:
+        return json.dumps({"clean": self.clean, "ran": self.ran, "skipped": self.skipped,
+                           "trials": [r.flat() for r in self.records]}, sort_keys=True)
+
+
+def run(
+    evaluator: Evaluator,
+    trials: Sequence[Trial],
+    spec: FaultSpec,
+    store: str | os.PathLike[str],
+    *,
+    metric: Metric = accuracy_metrics,
+    batch: int = 8,
+    append: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> CampaignResult:
+    """Evaluate every trial not yet in ``store``; commit each as soon as it is known.
+
+    ``spec`` gives the format and fault model (its ber/seed are overridden per
+    trial). ``batch`` trials are handed to the evaluator per call, so it can run
+    several fault maps per forward pass. Re-running with the same store resumes.
+    """
+    if not trials:
+        raise ValueError("trials must not be empty (build them with rate_sweep, layer_sweep, "
+                         "bit_sweep or single_faults)")
+    if batch < 1:
+        raise ValueError(f"batch must be a positive integer, got {batch!r}")
+    keys = [t.key for t in trials]
+    if len(set(keys)) != len(keys):
+        raise ValueError("trials contain duplicates (the same key twice)")
+    shapes = evaluator.tensor_shapes()
+    model_digest, data_digest = evaluator.model_digest(), evaluator.data_digest()
+    digest = campaign_digest(spec, trials, model_digest, data_digest)
+    description = {"spec": spec.to_dict(), "n_trials": len(trials), "model": model_digest,
+                   "data": data_digest}
+    labels = np.asarray(evaluator.labels)
+    # The golden run: every tensor stored in the format, no faults (ber = 0).
+    golden = {n: FaultMap(shape, np.zeros(0, np.int64), np.zeros(0, np.uint32), n)
+              for n, shape in shapes.items()}
+    clean = evaluator.predict([golden], spec)[0]
+    clean_metrics = _call_metric(metric, labels, clean, clean, "clean run")
+    spec_json = spec.to_json(sort_keys=True)
+    version_json = json.dumps(versions(), sort_keys=True)
+    worker = f"{platform.node()}:{os.getpid()}"
+    with CampaignStore(store, digest, description, append=append) as db:
+        done = db.done_keys()
+        todo = [t for t in trials if t.key not in done]
+        finished = 0
+        for start in range(0, len(todo), batch):
+            chunk = todo[start:start + batch]
+            began = time.time()
+            maps = [trial_maps(t, spec, shapes) for t in chunk]
+            predictions = evaluator.predict(maps, spec)
+            for trial, fmaps, pred in zip(chunk, maps, predictions, strict=True):
+                values = _call_metric(metric, labels, clean, pred, trial.key)
+                db.add({"trial_key": trial.key, "kind": trial.kind, "ber": trial.ber,
+                        "chip": trial.chip, "seed": trial.seed, "target": trial.target,
+                        "bit": trial.bit, "element": trial.element,
+                        "map_digest": _maps_digest(fmaps), "model_digest": model_digest,
+                        "data_digest": data_digest, "spec": spec_json,
+                        "versions": version_json, "metrics": values, "started": began,
+                        "finished": time.time(), "worker": worker})
+                finished += 1
+            if progress is not None:
+                progress(finished, len(todo))
+        wanted = set(keys)
+        records = [r for r in db.records() if r.trial_key in wanted]
+    return CampaignResult(records, ran=len(todo), skipped=len(trials) - len(todo),
+                          clean=clean_metrics)
+
+
+def _call_metric(metric: Metric, labels: np.ndarray, clean: np.ndarray, faulty: np.ndarray,
+                 where: str) -> dict[str, float]:
+    try:
+        values = dict(metric(labels, clean, faulty))
+    except Exception as exc:
+        raise RuntimeError(f"metric {getattr(metric, '__name__', metric)!r} raised on {where}: "
+                           f"{type(exc).__name__}: {exc}") from exc
+    for k, v in values.items():
+        if not isinstance(v, (int, float, np.integer, np.floating)):
+            raise TypeError(f"metric values must be numbers; {k!r} is {type(v).__name__}")
+    return {k: float(v) if isinstance(v, (float, np.floating)) else int(v)
+            for k, v in values.items()}
+
+
+__all__ = ["CampaignResult", "Evaluator", "NumpyEvaluator", "accuracy_metrics",
+           "campaign_digest", "run", "trial_maps"]

@@ -1,0 +1,189 @@
+"""The campaign store: one SQLite file (WAL mode) holding every finished trial.
+
+Each trial is committed in its own transaction as soon as it is known, keyed by
+its trial key, so a campaign killed at any moment (even ``kill -9``) loses at most
+the trials that had not been committed, and a re-run skips every committed one:
+none is lost, none is duplicated. The file also records which campaign it belongs
+to (a digest of the spec, model and data); opening it for a different campaign is
+an error unless ``append=True``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS campaign (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS trials (
+    trial_key TEXT PRIMARY KEY,
+    campaign TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    ber REAL,
+    chip INTEGER,
+    seed INTEGER,
+    target TEXT,
+    bit INTEGER,
+    element INTEGER,
+    map_digest TEXT,
+    model_digest TEXT,
+    data_digest TEXT,
+    spec TEXT,
+    versions TEXT,
+    metrics TEXT NOT NULL,
+    started REAL,
+    finished REAL,
+    worker TEXT
+);
+"""
+
+COLUMNS = ("trial_key", "campaign", "kind", "ber", "chip", "seed", "target", "bit", "element",
+           "map_digest", "model_digest", "data_digest", "spec", "versions", "metrics",
+           "started", "finished", "worker")
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """One stored trial: its fields, provenance and metric values."""
+
+    trial_key: str
+    campaign: str
+    kind: str
+    ber: float | None
+    chip: int | None
+    seed: int | None
+    target: str | None
+    bit: int | None
+    element: int | None
+    map_digest: str | None
+    model_digest: str | None
+    data_digest: str | None
+    spec: str | None
+    versions: str | None
+    metrics: dict[str, Any]
+    started: float | None
+    finished: float | None
+    worker: str | None
+
+    def flat(self) -> dict[str, Any]:
+        """Columns plus one ``metric_<name>`` column per metric (for CSV / DataFrames)."""
+        row = {c: getattr(self, c) for c in COLUMNS if c != "metrics"}
+        row.update({f"metric_{k}": v for k, v in self.metrics.items()})
+        return row
+
+
+class StoreError(ValueError):
+    """A store that cannot be used for this campaign."""
+
+
+class CampaignStore:
+    """An open campaign store; use as a context manager or call ``close()``."""
+
+    def __init__(self, path: str | os.PathLike[str], campaign: str,
+                 description: dict[str, Any] | None = None, append: bool = False) -> None:
+        self.path = os.fspath(path)
+        self.campaign = campaign
+        if os.path.exists(self.path) and os.path.getsize(self.path) > 0:
+            with open(self.path, "rb") as fh:
+                if fh.read(16) != b"SQLite format 3\x00":
+                    raise StoreError(f"{self.path}: not an SQLite database (refusing to "
+                                     "overwrite it; choose another store path)")
+        try:
+            self._db = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.executescript(_SCHEMA)
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{self.path}: not a usable SQLite store ({exc})") from None
+        row = self._db.execute("SELECT value FROM campaign WHERE key='digest'").fetchone()
+        if row is None:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute("INSERT OR IGNORE INTO campaign VALUES ('digest', ?)", (campaign,))
+            self._db.execute("INSERT OR IGNORE INTO campaign VALUES ('description', ?)",
+                             (json.dumps(description or {}, sort_keys=True),))
+            self._db.execute("INSERT OR IGNORE INTO campaign VALUES ('created', ?)",
+                             (repr(time.time()),))
+            self._db.execute("COMMIT")
+            row = self._db.execute("SELECT value FROM campaign WHERE key='digest'").fetchone()
+        if row[0] != campaign and not append:
+            self._db.close()
+            raise StoreError(
+                f"{self.path}: written by a different campaign (digest {row[0][:12]}..., this "
+                f"one is {campaign[:12]}...); use another store or pass append=True")
+
+    # ---- writing ---------------------------------------------------------------------------
+
+    def add(self, record: dict[str, Any]) -> bool:
+        """Commit one finished trial; returns False if its key was already stored."""
+        values = {c: record.get(c) for c in COLUMNS}
+        values["campaign"] = values["campaign"] or self.campaign
+        values["metrics"] = json.dumps(record["metrics"], sort_keys=True)
+        cur = self._db.execute(
+            f"INSERT OR IGNORE INTO trials ({', '.join(COLUMNS)}) "
+            f"VALUES ({', '.join('?' for _ in COLUMNS)})", [values[c] for c in COLUMNS])
+        return cur.rowcount == 1
+
+    # ---- reading ---------------------------------------------------------------------------
+
+    def done_keys(self) -> set[str]:
+        return {r[0] for r in self._db.execute("SELECT trial_key FROM trials")}
+
+    def __len__(self) -> int:
+        return int(self._db.execute("SELECT COUNT(*) FROM trials").fetchone()[0])
+
+    def records(self) -> Iterator[TrialRecord]:
+        """Every stored trial, in key order."""
+        cur = self._db.execute(f"SELECT {', '.join(COLUMNS)} FROM trials ORDER BY trial_key")
+        for row in cur:
+            data = dict(zip(COLUMNS, row, strict=True))
+            data["metrics"] = json.loads(data["metrics"])
+            yield TrialRecord(**data)
+
+    def description(self) -> dict[str, Any]:
+        row = self._db.execute("SELECT value FROM campaign WHERE key='description'").fetchone()
+        return json.loads(row[0]) if row else {}
+
+    # ---- export ----------------------------------------------------------------------------
+
+    def to_csv(self, path: str | os.PathLike[str]) -> None:
+        rows = [r.flat() for r in self.records()]
+        fields = _fieldnames(rows)
+        with open(path, "w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=fields)
+            writer.writeheader()
+            writer.writerows(rows)
+
+    def to_dataframe(self) -> Any:
+        import pandas as pd
+
+        return pd.DataFrame([r.flat() for r in self.records()])
+
+    def to_parquet(self, path: str | os.PathLike[str]) -> None:
+        """Parquet export (needs pandas and pyarrow)."""
+        self.to_dataframe().to_parquet(path, index=False)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> CampaignStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _fieldnames(rows: Iterable[dict[str, Any]]) -> list[str]:
+    names = [c for c in COLUMNS if c != "metrics"]
+    extra: list[str] = []
+    for row in rows:
+        extra.extend(k for k in row if k not in names and k not in extra)
+    return names + sorted(extra)
+
+
+__all__ = ["COLUMNS", "CampaignStore", "StoreError", "TrialRecord"]

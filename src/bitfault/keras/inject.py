@@ -1,0 +1,149 @@
+"""inject: a copy of a Keras model whose chosen layers compute through faulty memory."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import keras
+
+from bitfault.keras.layers import FaultyLayer, as_spec
+from bitfault.keras.layouts import SUPPORTED_NAMES, draw_maps, is_supported, plan_slots
+from bitfault.keras.transforms import check_supported
+from bitfault.maps import FaultMap
+from bitfault.spec import FaultSpec
+
+FilterFn = Callable[[keras.layers.Layer, str], bool]
+
+
+def _is_graph_model(model: Any) -> bool:
+    return isinstance(model, keras.Sequential) or (
+        isinstance(model, keras.Model) and type(model).__name__ == "Functional")
+
+
+def walk_layers(model: keras.Model, prefix: str = "") -> Iterator[tuple[keras.layers.Layer, str]]:
+    """Every leaf layer with its dotted path (nested Sequential/Functional models recursed)."""
+    for layer in model.layers:
+        path = f"{prefix}{layer.name}"
+        if _is_graph_model(layer):
+            yield from walk_layers(layer, f"{path}.")
+        elif not isinstance(layer, keras.layers.InputLayer):
+            yield layer, path
+
+
+def faulty_layers(model: keras.Model) -> list[FaultyLayer]:
+    """The FaultyLayers of a model (searched recursively, in order)."""
+    found: list[FaultyLayer] = []
+
+    def visit(layer: Any) -> None:
+        for sub in layer._flatten_layers(include_self=False, recursive=False):
+            if isinstance(sub, FaultyLayer):
+                if sub not in found:
+                    found.append(sub)
+            else:
+                visit(sub)
+
+    visit(model)
+    return found
+
+
+def fault_maps(model: keras.Model) -> dict[str, FaultMap]:
+    """The fault map of every faulted tensor of the model (PyTorch layout), by tensor name."""
+    maps: dict[str, FaultMap] = {}
+    for layer in faulty_layers(model):
+        maps.update(layer.maps)
+    return maps
+
+
+def resample(model: keras.Model, step: int) -> None:
+    """Draw the transient maps of ``step`` in every FaultyLayer (replayable from the seed)."""
+    for layer in faulty_layers(model):
+        layer.resample(step)
+
+
+def _output_shape(layer: keras.layers.Layer, path: str) -> tuple[Any, ...] | None:
+    try:
+        return tuple(layer.output.shape)
+    except (AttributeError, ValueError):
+        return None
+
+
+def _choose(model: keras.Model, spec: FaultSpec,
+            filter_fn: FilterFn | None) -> dict[int, tuple[str, dict[str, FaultMap]]]:
+    """id(layer) -> (tensor prefix, maps) for every chosen layer; all checks happen here."""
+    chosen: dict[int, tuple[str, dict[str, FaultMap]]] = {}
+    seen = []
+    for layer, path in walk_layers(model):
+        seen.append(path)
+        if isinstance(layer, FaultyLayer):
+            raise ValueError(f"model already has faults injected (layer {path!r} is a "
+                             "FaultyLayer); inject into the clean model")
+        pick = filter_fn(layer, path) if filter_fn is not None else is_supported(layer)
+        if not pick:
+            continue
+        if not is_supported(layer):
+            raise TypeError(f"filter_fn chose layer {path!r}, a {type(layer).__name__}; "
+                            f"bitfault.keras faults {SUPPORTED_NAMES} layers")
+        if not layer.built:
+            raise ValueError(f"layer {path!r} is not built; build the model (call it on data "
+                             "or give it an Input) before inject")
+        output_shape = _output_shape(layer, path) if "activations" in spec.targets else None
+        slots = plan_slots(layer, path, spec, output_shape)
+        chosen[id(layer)] = (path, draw_maps(slots, spec, 0 if spec.persistence ==
+                                             "transient" else None))
+    if not chosen:
+        what = "filter_fn matched no layer" if filter_fn is not None else (
+            f"the model has no {SUPPORTED_NAMES} layer")
+        raise ValueError(f"{what}; the model's layers: {seen}")
+    if spec.maps is not None:
+        names = {name for _, maps in chosen.values() for name in maps}
+        unknown = sorted(set(spec.maps) - names)
+        if unknown:
+            raise ValueError(f"spec.maps names tensor(s) {unknown} that no chosen layer has; the "
+                             f"faulted tensors are {sorted(names)}")
+    return chosen
+
+
+def inject(model: keras.Model, spec: FaultSpec | dict[str, Any],
+           filter_fn: FilterFn | None = None) -> keras.Model:
+    """A new model whose chosen layers use faulty weights; ``model`` is left untouched.
+
+    Chosen by default: every Dense, EinsumDense, Conv1D/2D/3D and Embedding
+    layer, or those for which ``filter_fn(layer, path)`` is true (``path``:
+    the layer's name, dotted through nested models: also the tensor-name
+    prefix). Weights are copied over; the new model is not compiled.
+    Transient specs start at step 0; ``ResampleFaults`` or ``resample``
+    draws later steps.
+    """
+    spec = as_spec(spec)
+    check_supported(spec.format, spec.fault)
+    if not isinstance(model, keras.Model):
+        raise TypeError(f"model must be a keras.Model, got {type(model).__name__}")
+    if not _is_graph_model(model):
+        raise TypeError(f"model must be a Sequential or Functional model, got the subclassed "
+                        f"{type(model).__name__}; wrap its layers in bitfault.keras.FaultyLayer "
+                        "instead")
+    if filter_fn is not None and not callable(filter_fn):
+        raise TypeError(f"filter_fn must be a callable (layer, path) -> bool, got {filter_fn!r}")
+    chosen = _choose(model, spec, filter_fn)
+    clones: list[tuple[keras.layers.Layer, keras.layers.Layer]] = []
+
+    def clone(layer: keras.layers.Layer) -> keras.layers.Layer:
+        new = layer.__class__.from_config(layer.get_config())
+        if id(layer) in chosen:
+            path, maps = chosen[id(layer)]
+            step = 0 if spec.persistence == "transient" else None
+            wrapper = FaultyLayer(new, spec, tensor_prefix=path, step=step)
+            wrapper._preset_maps = maps
+            clones.append((layer, new))
+            return wrapper
+        clones.append((layer, new))
+        return new
+
+    new_model = keras.models.clone_model(model, clone_function=clone, recursive=True)
+    for old, new in clones:
+        new.set_weights(old.get_weights())
+    return new_model
+
+
+__all__ = ["fault_maps", "faulty_layers", "inject", "resample", "walk_layers"]

@@ -1,0 +1,417 @@
+"""Encode -> fault -> decode on torch tensors, bit for bit what ``bitfault.inject`` does.
+
+Two ways to the same bits:
+
+* ``faulty_generic``: the core's pipeline written in float64/int64 tensor ops
+  (every format, overflow policy and float dtype; NumPy's NaN and rounding rules
+  through ``_convert``).
+* float32 fast paths for the formats that training uses: one dense pass that
+  rounds every element through the format and back (its clean value), then the
+  faulty elements only, computed exactly from their codes and written over it.
+  Everything about the map (flat indices, masks) is prepared once per device.
+
+Words are int64 tensors holding the stored bit pattern (two's complement codes
+in the fast paths); a fault is one ``xor``/``and``/``or`` with the mask, which
+touches only the low ``bits`` bits, so the container width never matters.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from bitfault.faults import BitFlip, StuckAt, _FaultBase
+from bitfault.formats import FixedPoint, Float, IntQuant
+from bitfault.maps import FaultMap
+from bitfault.torch._convert import f16_to, f32_to, f64_to, to_f16, to_f32
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_ZEROS: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+
+
+def check_float_dtype(dtype: torch.dtype, argument: str) -> None:
+    """Raise TypeError unless ``dtype`` is one the adapter can store and fault."""
+    if dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{argument} has dtype {dtype}; fault injection needs a floating tensor: "
+                        f"one of float16, bfloat16, float32, float64")
+
+
+def _zero(device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A cached 0-dim +0.0: ``torch.add(zero, t, alpha=a)`` scales and turns -0.0 into +0.0."""
+    z = _ZEROS.get((device, dtype))
+    if z is None:
+        z = _ZEROS[(device, dtype)] = torch.zeros((), dtype=dtype, device=device)
+    return z
+
+
+def _sign_extend(words: torch.Tensor, bits: int) -> torch.Tensor:
+    shift = 64 - bits
+    return (words << shift) >> shift if shift else words
+
+
+# ---- fault positions on a device ----------------------------------------------------------
+
+@dataclass(frozen=True)
+class DeviceFaults:
+    """Fault positions of one or more tensors laid end to end, on one device.
+
+    ``index``: flat element indices (int64) into the concatenation; ``masks``: the
+    faulty bits of each (int64, restricted to the bits the fault model may touch;
+    entries left without any are dropped); ``offsets``/``sizes``: where each
+    tensor starts and how many elements it has; ``spans[i]``: the slice of
+    ``index``/``masks`` that belongs to tensor ``i``.
+    """
+
+    index: torch.Tensor
+    masks: torch.Tensor
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+    spans: tuple[tuple[int, int], ...]
+
+    @classmethod
+    def build(cls, maps: Sequence[FaultMap], eligible_mask: int,
+              device: torch.device | str) -> DeviceFaults:
+        idx_parts, mask_parts, offsets, sizes, spans = [], [], [], [], []
+        offset = start = 0
+        for fmap in maps:
+            masks = fmap.masks & np.uint32(eligible_mask)
+            keep = masks != 0
+            idx_parts.append(fmap.indices[keep] + offset)
+            mask_parts.append(masks[keep].astype(np.int64))
+            offsets.append(offset)
+            sizes.append(fmap.size)
+            spans.append((start, start + int(keep.sum())))
+            start = spans[-1][1]
+            offset += fmap.size
+        index = np.concatenate(idx_parts) if idx_parts else np.zeros(0, np.int64)
+        masks = np.concatenate(mask_parts) if mask_parts else np.zeros(0, np.int64)
+        return cls(torch.from_numpy(index.astype(np.int64)).to(device),
+                   torch.from_numpy(masks.astype(np.int64)).to(device), tuple(offsets),
+                   tuple(sizes), tuple(spans))
+
+    def part(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Index (relative to tensor ``i``) and masks of tensor ``i`` alone."""
+        a, b = self.spans[i]
+        index = self.index[a:b]
+        return (index - self.offsets[i] if self.offsets[i] else index), self.masks[a:b]
+
+    @property
+    def count(self) -> int:
+        return int(self.index.numel())
+
+
+def apply_fault(words: torch.Tensor, masks: torch.Tensor, fault: _FaultBase) -> torch.Tensor:
+    """Words (int64) with ``fault`` applied at ``masks``; a new tensor."""
+    if isinstance(fault, BitFlip):
+        return words ^ masks
+    if isinstance(fault, StuckAt):
+        return words | masks if fault.value == 1 else words & ~masks
+    raise TypeError(f"fault must be BitFlip() or StuckAt(0|1), got {fault!r}")
+
+
+# ---- the exact generic path (any format, any float dtype) --------------------------------
+
+@dataclass(frozen=True)
+class Calibration:
+    """IntQuant scale (float64) and zero point (int64), shaped to broadcast against x."""
+
+    scale: torch.Tensor
+    zero: torch.Tensor
+    finite: torch.Tensor  # 0-dim bool: the clean tensor had no NaN or inf
+
+
+def calibrate(x: torch.Tensor, fmt: IntQuant) -> Calibration:
+    """``IntQuant.calibrate`` in float64 on x's device (non-finite input: see ``finite``)."""
+    lo, hi = fmt.code_range
+    dims = fmt._reduce_axes(x.ndim)  # raises ValueError for an axis out of range
+    dev = x.device
+    if x.numel() == 0:
+        return Calibration(torch.ones((), dtype=torch.float64, device=dev),
+                           torch.zeros((), dtype=torch.int64, device=dev),
+                           torch.ones((), dtype=torch.bool, device=dev))
+    if dims is None:
+        mn, mx = torch.aminmax(x)
+    else:
+        axis = next(d for d in range(x.ndim) if d not in dims)
+        mn, mx = torch.aminmax(x.movedim(axis, 0).reshape(x.shape[axis], -1), dim=1)
+        shape = [1] * x.ndim
+        shape[axis] = x.shape[axis]
+        mn, mx = mn.reshape(shape), mx.reshape(shape)
+    mn, mx = mn.to(torch.float64), mx.to(torch.float64)
+    finite = torch.isfinite(mn).all() & torch.isfinite(mx).all()
+    if fmt.symmetric:
+        scale = torch.maximum(mn.neg(), mx) / hi
+        zero = torch.zeros_like(scale, dtype=torch.int64)
+    else:
+        xmin = torch.clamp(mn, max=0.0)
+        xmax = torch.clamp(mx, min=0.0)
+        scale = (xmax - xmin) / (hi - lo)
+        safe = torch.where(scale > 0, scale, 1.0)
+        zero = torch.round(lo - xmin / safe).clamp_(lo, hi).to(torch.int64)
+    scale = torch.where(scale > 0, scale, 1.0)
+    return Calibration(scale, zero, finite)
+
+
+def _round(y: torch.Tensor, rounding: str) -> torch.Tensor:
+    if rounding == "nearest":
+        return torch.round(y)  # half to even, as np.rint
+    return torch.div(y, 1.0, rounding_mode="trunc")
+
+
+def _first_bad(bad: torch.Tensor, x: torch.Tensor) -> tuple[tuple[int, ...], float]:
+    flat = int(torch.nonzero(bad.reshape(-1))[0])
+    index = tuple(int(i) for i in np.unravel_index(flat, tuple(bad.shape))) if bad.ndim else ()
+    return index, float(x.reshape(-1)[flat])
+
+
+def _to_int_range(y: torch.Tensor, lo: int, hi: int, overflow: str, x: torch.Tensor,
+                  what: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The core's ``_to_int_range`` on float64 tensors: (int64 codes, saturated count)."""
+    bad = ~torch.isfinite(y) | (y < lo) | (y > hi)
+    n_bad = bad.sum()
+    if overflow == "error":
+        if bool(n_bad):
+            index, value = _first_bad(bad, x)
+            raise ValueError(
+                f"{what}: value {value!r} at index {index} is NaN, infinite or outside the "
+                f"representable range (overflow='error'; use 'saturate' or 'wrap' to map it)")
+        return y.to(torch.int64), n_bad
+    y = torch.nan_to_num(y, nan=0.0, posinf=math.inf, neginf=-math.inf)
+    if overflow == "wrap":
+        span = float(hi - lo + 1)
+        fin = torch.isfinite(y)
+        wrapped = torch.fmod(torch.where(fin, y, 0.0) - lo, span)
+        wrapped = torch.where(wrapped < 0, wrapped + span, wrapped) + lo
+        y = torch.where(fin, wrapped, y)
+    return y.clamp(lo, hi).to(torch.int64), n_bad
+
+
+def encode(x: torch.Tensor, fmt, calib: Calibration | None = None
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Words (int64 bit patterns in the low ``fmt.bits`` bits) and the saturated count."""
+    if isinstance(fmt, FixedPoint):
+        y = _round(x.to(torch.float64) * 2.0**fmt.frac, fmt.rounding)
+        lo, hi = fmt.code_range
+        codes, n_bad = _to_int_range(y, lo, hi, fmt.overflow, x, f"FixedPoint{fmt._q()}")
+        return codes & fmt.word_mask, n_bad
+    if isinstance(fmt, IntQuant):
+        if calib is None:
+            raise ValueError("IntQuant needs a calibration (scale and zero point)")
+        y = _round(x.to(torch.float64) / calib.scale, fmt.rounding) + calib.zero
+        lo, hi = fmt.code_range
+        codes, n_bad = _to_int_range(y, lo, hi, "saturate", x, "IntQuant")
+        return (codes + fmt._offset) & fmt.word_mask, n_bad
+    if isinstance(fmt, Float):
+        zero = torch.zeros((), dtype=torch.int64, device=x.device)
+        if fmt.dtype == "float16":
+            return to_f16(x).view(torch.int16).to(torch.int64) & 0xFFFF, zero
+        f = to_f32(x)
+        u = f.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+        if fmt.dtype == "float32":
+            return u, zero
+        rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+        top = torch.where(torch.isnan(f), (u >> 16) | 0x0040, rounded)
+        return top & 0xFFFF, zero
+    raise TypeError(f"fmt must be FixedPoint, IntQuant or Float, got {fmt!r}")
+
+
+def decode(words: torch.Tensor, fmt, calib: Calibration | None, dtype: torch.dtype
+           ) -> torch.Tensor:
+    """Floats of ``dtype`` from words, reading only the low ``fmt.bits`` bits."""
+    if isinstance(fmt, FixedPoint):
+        codes = _sign_extend(words & fmt.word_mask, fmt.bits)
+        return f64_to(codes.to(torch.float64) * 2.0**-fmt.frac, dtype)
+    if isinstance(fmt, IntQuant):
+        if calib is None:
+            raise ValueError("IntQuant needs a calibration (scale and zero point)")
+        low = words & fmt.word_mask
+        stored = _sign_extend(low, fmt.bits) if fmt.codes == "signed" else low
+        q = stored - fmt._offset - calib.zero
+        return f64_to(q.to(torch.float64) * calib.scale, dtype)
+    if isinstance(fmt, Float):
+        if fmt.dtype == "float16":
+            h = _sign_extend(words & 0xFFFF, 16).to(torch.int16).view(torch.float16)
+            return f16_to(h, dtype)
+        low = words & 0xFFFFFFFF if fmt.dtype == "float32" else (words & 0xFFFF) << 16
+        f = _sign_extend(low, 32).to(torch.int32).view(torch.float32)
+        return f32_to(f, dtype)
+    raise TypeError(f"fmt must be FixedPoint, IntQuant or Float, got {fmt!r}")
+
+
+def faulty_generic(x: torch.Tensor, fmt, fault: _FaultBase, index: torch.Tensor,
+                   masks: torch.Tensor, strict: bool = False) -> torch.Tensor:
+    """Encode all of ``x``, fault the words at ``index``, decode: a new tensor like ``x``.
+
+    ``x`` is float16, float32 or float64. An IntQuant tensor with NaN or inf
+    raises ValueError when ``strict`` (as the core does) and comes out all NaN
+    otherwise.
+    """
+    calib = calibrate(x, fmt) if isinstance(fmt, IntQuant) else None
+    if calib is not None and strict and not bool(calib.finite):
+        index_, value = _first_bad(~torch.isfinite(x), x)
+        raise ValueError(f"IntQuant: value {value!r} at index {index_} is not finite; "
+                         "a scale cannot be computed from NaN or inf")
+    words, _ = encode(x, fmt, calib)
+    flat = words.reshape(-1)
+    if index.numel():
+        flat[index] = apply_fault(flat[index], masks, fault)
+    out = decode(words, fmt, calib, x.dtype)
+    if calib is not None and not strict:
+        out = torch.where(calib.finite, out, torch.nan)
+    return out
+
+
+# ---- float32 fast paths --------------------------------------------------------------------
+
+def _hi_float32(hi: int) -> tuple[float, float]:
+    """float32(hi) (rounded to nearest) and the largest float32 <= hi."""
+    hi32 = float(np.float32(hi))
+    below = hi32 if hi32 <= hi else float(np.nextafter(np.float32(hi32), np.float32(0)))
+    return hi32, below
+
+
+def faulty_fixed_point_f32(x: torch.Tensor, fmt: FixedPoint, fault: _FaultBase,
+                           index: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
+    """FixedPoint (overflow "saturate") on a flat float32 tensor.
+
+    Clean value of every element: ``clamp(round(x * 2**f), lo, float32(hi)) * 2**-f``
+    in float32. Exact: scaling by a power of two is exact, a rounded float32 is
+    its own code, and ``float32(hi) * 2**-f`` is what decoding ``hi`` gives. NaN
+    becomes code 0; ``0 + t * 2**-f`` turns -0.0 into the +0.0 that code 0 decodes to.
+    """
+    lo, hi = fmt.code_range
+    up, down = 2.0**fmt.frac, 2.0**-fmt.frac
+    hi32, below = _hi_float32(hi)
+    in_range = False
+    if x.device.type == "cpu" and x.numel():  # a free host check lets clean tensors skip clamping
+        mn, mx = (float(v) for v in torch.aminmax(x))
+        in_range = mn * up >= lo and mx * up <= below  # False for NaN
+    if fmt.rounding == "trunc":
+        t = torch.div(x, down, rounding_mode="trunc")
+    else:
+        t = torch.mul(x, up).round_()
+    if not in_range:
+        t.clamp_(float(lo), hi32).nan_to_num_(0.0)
+    faulty = None
+    if index.numel():
+        codes = t.index_select(0, index).to(torch.int64)
+        if hi32 > hi and not in_range:
+            codes.clamp_(max=hi)
+        codes = _sign_extend(apply_fault(codes, masks, fault), fmt.bits)
+        faulty = codes.to(torch.float32).mul_(down)
+    torch.add(_zero(t.device), t, alpha=down, out=t)
+    if faulty is not None:
+        t.index_copy_(0, index, faulty)
+    return t
+
+
+def faulty_float32_f32(x: torch.Tensor, fault: _FaultBase, index: torch.Tensor,
+                       masks: torch.Tensor) -> torch.Tensor:
+    """Float("float32") on a flat float32 tensor: only the faulty words change."""
+    out = x.clone()
+    if index.numel():
+        bits = out.view(torch.int32)
+        words = bits.index_select(0, index).to(torch.int64)
+        new = _sign_extend(apply_fault(words, masks, fault) & 0xFFFFFFFF, 32)
+        bits.index_copy_(0, index, new.to(torch.int32))
+    return out
+
+
+def faulty_int_quant_f32(x: torch.Tensor, fmt: IntQuant, fault: _FaultBase,
+                         index: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
+    """IntQuant on a float32 tensor (any shape), computed in float64 as the core does.
+
+    Dense: ``round(x / s) + z`` -> clamp -> ``(q - z) * s`` -> float32. Faulty
+    elements: their codes as words, faulted, decoded with the clean scale. A
+    tensor with NaN or inf comes out all NaN.
+    """
+    if x.numel() == 0:
+        return x.clone()
+    calib = calibrate(x, fmt)
+    lo, hi = fmt.code_range
+    on_cpu = x.device.type == "cpu"
+    finite = bool(calib.finite) if on_cpu else None
+    if finite is False:
+        return torch.full_like(x, math.nan)
+    scale, zero = calib.scale, calib.zero
+    per_tensor = scale.ndim == 0
+    if per_tensor and on_cpu:
+        scale_v: float | torch.Tensor = float(scale)
+        zero_v: int | torch.Tensor = int(zero)
+    else:
+        scale_v, zero_v = scale, zero
+    y = x.to(torch.float64)
+    if fmt.rounding == "trunc":
+        torch.div(y, scale_v, rounding_mode="trunc", out=y)
+    else:
+        y.div_(scale_v).round_()
+    if not fmt.symmetric:
+        y.add_(zero_v)
+    if not (fmt.symmetric and finite):  # symmetric + finite: |round(x / s)| <= hi already
+        y.clamp_(lo, hi).nan_to_num_(0.0)
+    faulty = None
+    if index.numel():
+        codes = y.reshape(-1).index_select(0, index).to(torch.int64)
+        low = apply_fault((codes + fmt._offset) & fmt.word_mask, masks, fault) & fmt.word_mask
+        stored = _sign_extend(low, fmt.bits) if fmt.codes == "signed" else low
+        q = stored - fmt._offset
+        if per_tensor:
+            faulty = ((q - zero_v).to(torch.float64) * scale_v).to(torch.float32)
+        else:
+            s_at = scale.expand(x.shape).reshape(-1).index_select(0, index)
+            z_at = zero.expand(x.shape).reshape(-1).index_select(0, index)
+            faulty = ((q - z_at).to(torch.float64) * s_at).to(torch.float32)
+    if not fmt.symmetric:
+        y.sub_(zero_v)  # round(x / s) + z - z: never -0.0
+        y.mul_(scale_v)
+    elif isinstance(scale_v, float):
+        torch.add(_zero(y.device, torch.float64), y, alpha=scale_v, out=y)  # -0.0 -> +0.0
+    else:
+        y.mul_(scale_v).add_(0.0)  # round() left -0.0 where code 0 decodes to +0.0
+    out = y.to(torch.float32)
+    if not on_cpu:
+        out = torch.where(calib.finite, out, torch.nan)
+    if faulty is not None:
+        out.reshape(-1).index_copy_(0, index, faulty)
+    return out
+
+
+# ---- entry point --------------------------------------------------------------------------
+
+def _fast_elementwise(fmt) -> bool:
+    return (isinstance(fmt, FixedPoint) and fmt.overflow == "saturate") or (
+        isinstance(fmt, Float) and fmt.dtype == "float32")
+
+
+def faulty_group(xs: Sequence[torch.Tensor], fmt, fault: _FaultBase, faults: DeviceFaults,
+                 strict: bool = False) -> list[torch.Tensor]:
+    """Faulty copies of tensors ``xs`` (one dtype, one device) under ``faults``.
+
+    Elementwise formats on float32 run as one flat pass over all the tensors;
+    bfloat16 goes through float32 and is rounded back by PyTorch's cast.
+    """
+    if not xs:
+        return []
+    dtype = xs[0].dtype
+    if dtype == torch.bfloat16:
+        outs = faulty_group([x.to(torch.float32) for x in xs], fmt, fault, faults, strict)
+        return [o.to(torch.bfloat16) for o in outs]
+    if dtype == torch.float32 and _fast_elementwise(fmt):
+        flat = torch.cat([x.reshape(-1) for x in xs]) if len(xs) > 1 else xs[0].reshape(-1)
+        if isinstance(fmt, FixedPoint):
+            out = faulty_fixed_point_f32(flat, fmt, fault, faults.index, faults.masks)
+        else:
+            out = faulty_float32_f32(flat, fault, faults.index, faults.masks)
+        return [out[o:o + n].view(x.shape) for x, o, n in zip(xs, faults.offsets, faults.sizes)]
+    outs = []
+    for i, x in enumerate(xs):
+        index, masks = faults.part(i)
+        if dtype == torch.float32 and isinstance(fmt, IntQuant) and not strict:
+            outs.append(faulty_int_quant_f32(x, fmt, fault, index, masks))
+        else:
+            outs.append(faulty_generic(x, fmt, fault, index, masks, strict=strict))
+    return outs

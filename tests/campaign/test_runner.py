@@ -1,0 +1,148 @@
+"""The campaign engine: equal to a plain loop, resumable after SIGKILL, strict about input."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import bitfault as bf
+from bitfault.campaign import (
+    CampaignStore,
+    NumpyEvaluator,
+    StoreError,
+    bit_sweep,
+    layer_sweep,
+    rate_sweep,
+    run,
+    single_faults,
+)
+
+SPEC = bf.FaultSpec(format=bf.IntQuant(8), ber=1e-3)
+HERE = Path(__file__).parent
+
+
+def plain_accuracy(ev: NumpyEvaluator, maps: dict[str, bf.FaultMap]) -> float:
+    params = dict(ev.params)
+    for name, fmap in maps.items():
+        params[name] = bf.inject(ev.params[name], SPEC.format, SPEC.fault, fmap)
+    with np.errstate(all="ignore"):
+        logits = ev.forward(params, ev.x)
+    return float(np.mean(np.argmax(np.nan_to_num(logits, nan=-np.inf), 1) == ev.labels))
+
+
+def test_rate_sweep_equals_a_plain_loop(evaluator: NumpyEvaluator, tmp_path: Path) -> None:
+    trials = rate_sweep([1e-3, 1e-2, 1e-1], chips=3)
+    result = run(evaluator, trials, SPEC, tmp_path / "c.db")
+    assert result.ran == len(trials) and result.skipped == 0
+    by_key = {r.trial_key: r for r in result.records}
+    shapes = evaluator.tensor_shapes()
+    for t in trials:
+        maps = {n: bf.FaultMap.random(s, SPEC.format, ber=t.ber, seed=t.chip, name=n)
+                for n, s in shapes.items()}
+        assert by_key[t.key].metrics["accuracy"] == plain_accuracy(evaluator, maps)
+    accs = [by_key[t.key].metrics["accuracy"] for t in trials]
+    assert accs[0] > 0.8 and min(accs[-3:]) < accs[0]  # faults at 10% hurt
+
+
+def test_layer_bit_and_single_trials(evaluator: NumpyEvaluator, tmp_path: Path) -> None:
+    trials = (layer_sweep([1e-2], 2, ["fc1.weight", "fc2.weight"])
+              + bit_sweep([1e-2], 2, [7, 0])
+              + single_faults([("fc2.weight", 5, 7), ("fc2.weight", 5, 0)]))
+    result = run(evaluator, trials, SPEC, tmp_path / "c.db")
+    got = {r.trial_key: r.metrics["accuracy"] for r in result.records}
+    shapes = evaluator.tensor_shapes()
+    for t in trials:
+        if t.kind == "layer":
+            maps = {t.target: bf.FaultMap.random(shapes[t.target], SPEC.format, ber=t.ber,
+                                                 seed=t.seed, name=t.target)}
+        elif t.kind == "bit":
+            maps = {n: bf.FaultMap.random(s, SPEC.format, ber=t.ber, seed=t.seed, name=n,
+                                          bits=t.bit) for n, s in shapes.items()}
+        else:
+            dense = np.zeros(shapes[t.target], np.uint32)
+            dense.flat[t.element] = 1 << t.bit
+            maps = {t.target: bf.FaultMap.from_mask(dense, name=t.target)}
+        assert got[t.key] == plain_accuracy(evaluator, maps), t.key
+
+
+def test_rerun_skips_everything(evaluator: NumpyEvaluator, tmp_path: Path) -> None:
+    trials = rate_sweep([1e-2], chips=3)
+    first = run(evaluator, trials, SPEC, tmp_path / "c.db")
+    again = run(evaluator, trials, SPEC, tmp_path / "c.db")
+    assert (again.ran, again.skipped) == (0, 3)
+    assert [r.metrics for r in again.records] == [r.metrics for r in first.records]
+
+
+def _rows(path: Path) -> list[tuple]:
+    with sqlite3.connect(path) as db:
+        return sorted(db.execute("SELECT trial_key, map_digest, metrics FROM trials"))
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory: pytest.TempPathFactory,
+           mlp_params: dict[str, np.ndarray]) -> tuple[list[str], list[tuple]]:
+    """The worker command line and the rows of an uninterrupted run."""
+    folder = tmp_path_factory.mktemp("resume")
+    np.savez(folder / "params.npz", **mlp_params)
+    command = [sys.executable, str(HERE / "resume_worker.py"), str(folder / "params.npz")]
+    subprocess.run([*command, str(folder / "reference.db"), "-1"], check=True)
+    return command, _rows(folder / "reference.db")
+
+
+@pytest.mark.parametrize("kill_during", [1, 5, 12])
+def test_sigkill_then_resume_gives_the_uninterrupted_result(
+        tmp_path: Path, worker: tuple[list[str], list[tuple]], kill_during: int) -> None:
+    command, reference = worker
+    killed = tmp_path / "killed.db"
+    proc = subprocess.run([*command, str(killed), str(kill_during)])
+    assert proc.returncode == -9  # it really died by SIGKILL
+    assert len(_rows(killed)) == kill_during - 1  # each trial is committed as it finishes
+    subprocess.run([*command, str(killed), "-1"], check=True)
+    assert _rows(killed) == reference
+    assert len(reference) == 12
+
+
+def test_bad_input(evaluator: NumpyEvaluator, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="trials must not be empty"):
+        run(evaluator, [], SPEC, tmp_path / "a.db")
+    with pytest.raises(ValueError, match="bers"):
+        rate_sweep([2.0], chips=2)
+    with pytest.raises(ValueError, match="chips"):
+        rate_sweep([0.1], chips=0)
+
+    def broken(labels, clean, faulty):
+        raise ZeroDivisionError("boom")
+
+    with pytest.raises(RuntimeError, match="metric 'broken' raised on clean run"):
+        run(evaluator, rate_sweep([1e-2], 1), SPEC, tmp_path / "b.db", metric=broken)
+
+    run(evaluator, rate_sweep([1e-2], 2), SPEC, tmp_path / "c.db")
+    with pytest.raises(StoreError, match="different campaign"):
+        run(evaluator, rate_sweep([1e-2], 3), SPEC, tmp_path / "c.db")
+    more = run(evaluator, rate_sweep([1e-2], 3), SPEC, tmp_path / "c.db", append=True)
+    assert (more.ran, more.skipped) == (1, 2)
+
+    not_sqlite = tmp_path / "notes.txt"
+    not_sqlite.write_text("my notes, not a database\n")
+    with pytest.raises(StoreError, match="not an SQLite database"):
+        run(evaluator, rate_sweep([1e-2], 1), SPEC, not_sqlite)
+    assert not_sqlite.read_text() == "my notes, not a database\n"
+
+
+def test_store_exports(evaluator: NumpyEvaluator, tmp_path: Path) -> None:
+    run(evaluator, rate_sweep([1e-2], 2), SPEC, tmp_path / "c.db")
+    digest = sqlite3.connect(tmp_path / "c.db").execute(
+        "SELECT value FROM campaign WHERE key='digest'").fetchone()[0]
+    with CampaignStore(tmp_path / "c.db", digest) as store:
+        store.to_csv(tmp_path / "c.csv")
+        frame = store.to_dataframe()
+    lines = (tmp_path / "c.csv").read_text().splitlines()
+    assert len(lines) == 3 and "metric_accuracy" in lines[0]
+    assert list(frame["chip"]) == [0, 1]
+    assert os.path.getsize(tmp_path / "c.csv") > 0

@@ -1,0 +1,162 @@
+"""FaultyLayer: the forward pass uses faulty weights, gradients reach the clean ones, saving works."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import bitfault as bf
+import keras
+from bitfault.keras import FaultyDense, FaultyLayer, fault_maps, inject
+
+SEED_FORMAT = bf.FixedPoint(32, 28, rounding="trunc")
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    return a.shape == b.shape and np.array_equal(a.view(np.int32), b.view(np.int32))
+
+
+def seed_spec(**changes) -> bf.FaultSpec:
+    return bf.FaultSpec(format=SEED_FORMAT, ber=0.02, seed=4).replace(**changes)
+
+
+def test_forward_uses_the_faulty_kernel_from_a_user_fmap() -> None:
+    """The seed's setting: a dense int32 fmap in the kernel's (in, out) layout."""
+    rng = np.random.default_rng(0)
+    kernel = rng.uniform(-1, 1, (6, 5)).astype(np.float32)
+    fmap = rng.integers(-(2**31), 2**31, kernel.shape, dtype=np.int64).astype(np.int32)
+    fmap[rng.random(kernel.shape) < 0.6] = 0
+    spec = bf.FaultSpec(format=SEED_FORMAT,  # maps are named and laid out as in PyTorch
+                        maps={"fc.weight": bf.FaultMap.from_mask(fmap.T, name="fc.weight")})
+    layer = FaultyDense(5, spec=spec, use_bias=False, name="fc")
+    layer.build((None, 6))
+    layer.layer.kernel.assign(kernel)
+    out = layer(np.eye(6, dtype=np.float32)).numpy()  # rows of I @ K are the rows of K
+    expected = ((np.trunc(kernel.astype(np.float64) * 2**28).astype(np.int32) ^ fmap)
+                .astype(np.float32) / np.float32(2**28))
+    assert np.array_equal(out, expected)
+    assert same_bits(layer.faulty_weights()["fc.weight"], expected)
+    assert same_bits(layer.layer.kernel.numpy(), kernel)  # the variable stays clean
+
+
+@pytest.mark.parametrize("fmt", [SEED_FORMAT, bf.IntQuant(8, per_channel=True),
+                                 bf.Float("bfloat16")], ids=repr)
+def test_faulty_weights_equal_core_inject_in_torch_layout(fmt) -> None:
+    spec = bf.FaultSpec(format=fmt, ber=0.05, seed=9, targets=("weights", "biases"))
+    layer = FaultyDense(7, spec=spec, name="fc", bias_initializer="random_normal")
+    layer.build((None, 5))
+    faulty = layer.faulty_weights()
+    kernel, bias = layer.layer.kernel.numpy(), layer.layer.bias.numpy()
+    weight_map, bias_map = layer.maps["fc.weight"], layer.maps["fc.bias"]
+    assert weight_map.shape == (7, 5) and weight_map.n_faults > 0
+    expected = bf.inject(np.ascontiguousarray(kernel.T), fmt, spec.fault, weight_map).T
+    assert same_bits(faulty["fc.weight"], expected)
+    assert same_bits(faulty["fc.bias"], bf.inject(bias, fmt, spec.fault, bias_map))
+
+
+def _loss_and_grads(model: keras.Model, x: np.ndarray, y: np.ndarray, variables: list):
+    with tf.GradientTape() as tape:
+        loss = keras.losses.sparse_categorical_crossentropy(y, model(x), from_logits=True)
+        loss = tf.reduce_mean(loss)
+    return loss, tape.gradient(loss, variables)
+
+
+def test_ste_gradient_of_clean_kernel_equals_gradient_of_faulty_kernel(mlp, data) -> None:
+    x, y = data
+    fmodel = inject(mlp, seed_spec(targets=("weights", "biases")))
+    fc1, fc2 = fmodel.get_layer("fc1"), fmodel.get_layer("fc2")
+    variables = [fc1.layer.kernel, fc1.layer.bias, fc2.layer.kernel, fc2.layer.bias]
+    _, grads = _loss_and_grads(fmodel, x, y, variables)
+    # the clean model holding the faulty values: its gradients are those w.r.t. faulty weights
+    faulty = {**fc1.faulty_weights(), **fc2.faulty_weights()}
+    names = ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias")
+    reference = [mlp.get_layer("fc1").kernel, mlp.get_layer("fc1").bias,
+                 mlp.get_layer("fc2").kernel, mlp.get_layer("fc2").bias]
+    for variable, name in zip(reference, names, strict=True):
+        variable.assign(faulty[name])
+    _, expected = _loss_and_grads(mlp, x, y, reference)
+    for g, e in zip(grads, expected, strict=True):
+        assert g is not None and same_bits(g.numpy(), e.numpy())
+    assert float(tf.reduce_max(tf.abs(grads[0]))) > 0
+
+
+def test_blocked_gradient_freezes_kernels_but_biases_train(mlp, data) -> None:
+    x, y = data
+    fmodel = inject(mlp, seed_spec(gradient="blocked"))
+    before = {v.path: v.numpy().copy() for v in fmodel.trainable_variables}
+    fmodel.compile(keras.optimizers.SGD(0.1), "sparse_categorical_crossentropy")
+    fmodel.fit(x, y, epochs=3, batch_size=10, verbose=0)
+    for v in fmodel.trainable_variables:
+        changed = not np.array_equal(before[v.path], v.numpy())
+        assert changed == v.path.endswith("bias"), v.path
+
+
+def test_ste_training_moves_kernels(mlp, data) -> None:
+    x, y = data
+    fmodel = inject(mlp, seed_spec())
+    kernel = fmodel.get_layer("fc1").layer.kernel
+    before = kernel.numpy().copy()
+    fmodel.compile(keras.optimizers.SGD(0.1), "sparse_categorical_crossentropy")
+    fmodel.fit(x, y, epochs=2, batch_size=10, verbose=0)
+    assert not np.array_equal(before, kernel.numpy())
+
+
+def test_keras_file_round_trip_gives_identical_predictions(tmp_path, mlp, data) -> None:
+    x, y = data
+    spec = bf.FaultSpec(format=bf.IntQuant(8), ber=0.02, seed=3,
+                        targets=("weights", "biases", "activations"))
+    fmodel = inject(mlp, spec)
+    fmodel.compile(keras.optimizers.Adam(1e-2), "sparse_categorical_crossentropy")
+    fmodel.fit(x, y, epochs=1, batch_size=20, verbose=0)
+    path = tmp_path / "faulty.keras"
+    fmodel.save(path)
+    loaded = keras.models.load_model(path)
+    assert isinstance(loaded.get_layer("fc1"), FaultyLayer)
+    assert loaded.get_layer("fc1").spec == spec
+    assert np.array_equal(fmodel.predict(x, verbose=0), loaded.predict(x, verbose=0))
+    for name, fmap in fault_maps(fmodel).items():
+        assert fault_maps(loaded)[name] == fmap
+
+
+def test_config_carries_spec_prefix_and_step() -> None:
+    spec = seed_spec(persistence="transient")
+    layer = FaultyDense(3, spec=spec, name="d", tensor_prefix="block.d")
+    config = layer.get_config()
+    assert config["spec"] == spec.to_dict() and config["tensor_prefix"] == "block.d"
+    clone = FaultyLayer.from_config(config)
+    assert clone.spec == spec and clone.tensor_prefix == "block.d" and clone.name == "d"
+
+
+def test_activation_faults_hit_the_layer_output() -> None:
+    fmt = bf.FixedPoint(16, 8)
+    spec = bf.FaultSpec(format=fmt, ber=0.05, seed=2, targets="activations")
+    layer = FaultyDense(6, spec=spec, name="fc")
+    x = np.random.default_rng(1).normal(size=(4, 5)).astype(np.float32)
+    out = layer(x).numpy()
+    clean = layer.layer(x).numpy()
+    fmap = layer.maps["fc.output"]
+    assert fmap.shape == (6,)  # one map per example, shared by every row of the batch
+    expected = bf.inject(clean, fmt, spec.fault, bf.FaultMap.from_mask(
+        np.broadcast_to(fmap.to_dense(np.uint32), clean.shape)))
+    assert same_bits(out, expected)
+
+
+def test_mixed_precision_policy_keeps_float32_variables() -> None:
+    spec = seed_spec()
+    layer = FaultyDense(4, spec=spec, name="fc", dtype="mixed_float16")
+    out = layer(np.ones((2, 3), np.float32))
+    assert out.dtype == tf.float16
+    assert layer.layer.kernel.dtype == "float32"
+
+
+def test_layer_construction_errors_are_clear() -> None:
+    with pytest.raises(TypeError, match="layer must be one of Dense"):
+        FaultyLayer(keras.layers.LSTM(3), seed_spec())
+    with pytest.raises(TypeError, match="spec must be a bitfault.FaultSpec"):
+        FaultyLayer(keras.layers.Dense(3), "seed")
+    with pytest.raises(ValueError, match="tensor_prefix"):
+        FaultyLayer(keras.layers.Dense(3), seed_spec(), tensor_prefix="")
+    with pytest.raises(TypeError, match="already a FaultyLayer"):
+        FaultyLayer(FaultyDense(3, spec=seed_spec()), seed_spec())

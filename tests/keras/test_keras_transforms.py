@@ -1,0 +1,93 @@
+"""The TensorFlow encode->fault->decode equals the NumPy core bit for bit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import bitfault as bf
+from bitfault.keras.transforms import fault_function
+
+SEED_FORMAT = bf.FixedPoint(32, 28, rounding="trunc")
+EDGES = np.array([0.0, -0.0, np.nan, np.inf, -np.inf, 1e30, -1e30, 3.4e38, 7.9999995, -8.0, 8.0,
+                  1e-40, -1e-40, 0.5, 1.5, 2.5, -2.5, 127.5, -128.5, 65504.0, 65520.0, 1e-7,
+                  2.0**-28, 2.0**-29, -(2.0**-29)], np.float32)
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    return a.shape == b.shape and np.array_equal(a.view(np.int32), b.view(np.int32))
+
+
+def run(fn, x: np.ndarray, mask: np.ndarray, mode: str) -> np.ndarray:
+    if mode == "eager":
+        return fn(tf.constant(x), tf.constant(mask)).numpy()
+    return tf.function(fn, jit_compile=mode == "xla")(tf.constant(x), tf.constant(mask)).numpy()
+
+
+@pytest.mark.parametrize("mode", ["eager", "graph", "xla"])
+def test_seed_formula_bit_for_bit(mode: str) -> None:
+    """faulty = float32(int32(trunc(w * 2**28)) ^ fmap) / 2**28, the seed's transform."""
+    rng = np.random.default_rng(11)
+    w = rng.uniform(-7.9, 7.9, (64, 48)).astype(np.float32)
+    w[0, :4] = [0.0, -0.0, 2.0**-28, -(2.0**-29)]
+    fmap = rng.integers(-(2**31), 2**31, w.shape, dtype=np.int64).astype(np.int32)
+    fmap[rng.random(w.shape) < 0.5] = 0
+    expected = ((np.trunc(w.astype(np.float64) * 2**28).astype(np.int32) ^ fmap)
+                .astype(np.float32) / np.float32(2**28))
+    got = run(fault_function(SEED_FORMAT, bf.BitFlip()), w, fmap, mode)
+    assert same_bits(got, expected)
+    assert not same_bits(got, w)  # the masks did something
+
+
+FORMATS = [
+    bf.FixedPoint(32, 28, "trunc"), bf.FixedPoint(32, 28), bf.FixedPoint(8, 4),
+    bf.FixedPoint(16, 8, "trunc"), bf.FixedPoint(26, 10), bf.FixedPoint(8, 4, overflow="wrap"),
+    bf.FixedPoint(32, 28, "trunc", "wrap"),
+    bf.IntQuant(8), bf.IntQuant(4, symmetric=False), bf.IntQuant(8, codes="unsigned"),
+    bf.IntQuant(32), bf.IntQuant(32, symmetric=False), bf.IntQuant(16, rounding="trunc"),
+    bf.Float("float32"), bf.Float("float16"), bf.Float("bfloat16"),
+]
+FAULTS = [bf.BitFlip(), bf.StuckAt(0), bf.StuckAt(1)]
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=repr)
+@pytest.mark.parametrize("mode", ["graph", "xla"])
+def test_every_format_and_fault_matches_core_inject(fmt, mode: str) -> None:
+    rng = np.random.default_rng(5)
+    x = rng.normal(0, 2, 3000).astype(np.float32)
+    if not isinstance(fmt, bf.IntQuant):  # IntQuant rejects non-finite tensors in the core
+        x[:EDGES.size] = EDGES
+    fmap = bf.FaultMap.random(x.shape, fmt, ber=0.05, seed=3, name="t")
+    for fault in FAULTS:
+        mask = fmap.restricted(fault.eligible_mask(fmt)).to_dense(fmt.container)
+        with np.errstate(all="ignore"):
+            expected = bf.inject(x, fmt, fault, fmap)
+        got = run(fault_function(fmt, fault), x, mask, mode)
+        assert same_bits(got, expected), (fmt, fault)
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_int_quant_per_channel_axis(axis: int) -> None:
+    fmt = bf.IntQuant(6, symmetric=False, per_channel=axis)
+    rng = np.random.default_rng(2)
+    x = (rng.normal(size=(7, 9)) * rng.uniform(0.1, 5, (1, 9))).astype(np.float32)
+    fmap = bf.FaultMap.random(x.shape, fmt, ber=0.1, seed=1, name="w")
+    got = run(fault_function(fmt, bf.BitFlip(), axis=axis % 2), x, fmap.to_dense(np.int8), "xla")
+    assert same_bits(got, bf.inject(x, fmt, bf.BitFlip(), fmap))
+
+
+def test_restricted_bits_only_touch_eligible_positions() -> None:
+    fmt, fault = bf.Float("float32"), bf.BitFlip(bits="sign")
+    x = np.linspace(-3, 3, 100, dtype=np.float32)
+    fmap = bf.FaultMap.random(x.shape, fmt, ber=0.5, seed=0, name="x")
+    mask = fmap.restricted(fault.eligible_mask(fmt)).to_dense(np.int32)
+    got = run(fault_function(fmt, fault), x, mask, "graph")
+    assert np.array_equal(np.abs(got), np.abs(x)) and not np.array_equal(got, x)
+    assert same_bits(got, bf.inject(x, fmt, fault, fmap))
+
+
+def test_overflow_error_format_is_refused_clearly() -> None:
+    with pytest.raises(ValueError, match=r"overflow='error'\) is not supported"):
+        fault_function(bf.FixedPoint(16, 8, overflow="error"), bf.BitFlip())
