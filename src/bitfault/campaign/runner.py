@@ -13,7 +13,7 @@ import json
 import os
 import platform
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -101,20 +101,21 @@ def accuracy_metrics(labels: np.ndarray, clean: np.ndarray, faulty: np.ndarray) 
             "robust_error": robust_error(labels, clean, faulty)}
 
 
+def _check_target(trial: Trial, shapes: Mapping[str, tuple[int, ...]]) -> None:
+    if trial.target is not None and trial.target not in shapes:
+        raise ValueError(f"trial {trial.key}: unknown tensor {trial.target!r}; known: "
+                         f"{sorted(shapes)}")
+
+
 def trial_maps(trial: Trial, spec: FaultSpec, shapes: Mapping[str, tuple[int, ...]]) -> Maps:
     """The fault maps of one trial, per target tensor."""
+    _check_target(trial, shapes)
     if trial.kind == "single":
-        if trial.target not in shapes:
-            raise ValueError(f"trial {trial.key}: unknown tensor {trial.target!r}; known: "
-                             f"{sorted(shapes)}")
         shape = shapes[trial.target]
         return {trial.target: FaultMap(shape, np.array([trial.element]),
                                        np.array([1 << trial.bit], np.uint32), trial.target,
                                        {"source": "single"})}
     names = [trial.target] if trial.kind == "layer" else list(shapes)
-    if trial.kind == "layer" and trial.target not in shapes:
-        raise ValueError(f"trial {trial.key}: unknown tensor {trial.target!r}; known: "
-                         f"{sorted(shapes)}")
     bits = (trial.bit,) if trial.kind == "bit" else spec.fault.bits
     return {n: FaultMap.random(shapes[n], spec.format, ber=trial.ber, seed=trial.seed, name=n,
                                bits=bits, fault=spec.fault) for n in names}
@@ -167,6 +168,52 @@ class CampaignResult:
                            "trials": [r.flat() for r in self.records]}, sort_keys=True)
 
 
+def evaluate_trials(evaluator: Evaluator, trials: Sequence[Trial], spec: FaultSpec,
+                    shapes: Mapping[str, tuple[int, ...]]) -> list[tuple[str, np.ndarray]]:
+    """Map digests and predictions of ``trials`` (one evaluator call: many maps per pass)."""
+    maps = [trial_maps(t, spec, shapes) for t in trials]
+    predictions = evaluator.predict(maps, spec)
+    return [(_maps_digest(m), np.asarray(p)) for m, p in zip(maps, predictions, strict=True)]
+
+
+def _run_local(evaluator: Evaluator, chunks: list[list[Trial]], spec: FaultSpec,
+               shapes: Mapping[str, tuple[int, ...]]) -> Iterator[tuple[list[Trial], list]]:
+    for chunk in chunks:
+        yield chunk, evaluate_trials(evaluator, chunk, spec, shapes)
+
+
+def _run_ray(evaluator: Evaluator, chunks: list[list[Trial]], spec: FaultSpec,
+             shapes: Mapping[str, tuple[int, ...]], ray_address: str | None,
+             workers: int | None) -> Iterator[tuple[list[Trial], list]]:
+    """Shard chunks into Ray tasks; yield each chunk's results as its task finishes.
+
+    A task whose worker dies is retried by Ray (``max_retries``); results reach the
+    store only through this driver, so a dead worker never loses a stored trial.
+    """
+    try:
+        import ray
+    except ImportError:
+        raise ImportError("executor='ray' needs Ray: pip install 'bitfault[ray]'") from None
+    started_here = not ray.is_initialized()
+    if started_here:
+        if ray_address is not None:
+            ray.init(address=ray_address, log_to_driver=False)
+        else:
+            ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+    try:
+        remote = ray.remote(max_retries=3, retry_exceptions=False)(evaluate_trials)
+        ev_ref, spec_ref = ray.put(evaluator), ray.put(spec)
+        pending = {remote.remote(ev_ref, chunk, spec_ref, dict(shapes)): chunk
+                   for chunk in chunks}
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            for ref in ready:
+                yield pending.pop(ref), ray.get(ref)
+    finally:
+        if started_here:
+            ray.shutdown()
+
+
 def run(
     evaluator: Evaluator,
     trials: Sequence[Trial],
@@ -176,23 +223,32 @@ def run(
     metric: Metric = accuracy_metrics,
     batch: int = 8,
     append: bool = False,
+    executor: str = "local",
+    ray_address: str | None = None,
+    workers: int | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> CampaignResult:
     """Evaluate every trial not yet in ``store``; commit each as soon as it is known.
 
     ``spec`` gives the format and fault model (its ber/seed are overridden per
     trial). ``batch`` trials are handed to the evaluator per call, so it can run
-    several fault maps per forward pass. Re-running with the same store resumes.
+    several fault maps per forward pass. ``executor="ray"`` shards batches into Ray
+    tasks (``ray_address`` for an existing cluster, else a local one with
+    ``workers`` CPUs). Re-running with the same store resumes.
     """
     if not trials:
         raise ValueError("trials must not be empty (build them with rate_sweep, layer_sweep, "
                          "bit_sweep or single_faults)")
-    if batch < 1:
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ValueError(f"batch must be a positive integer, got {batch!r}")
+    if executor not in ("local", "ray"):
+        raise ValueError(f"executor must be 'local' or 'ray', got {executor!r}")
     keys = [t.key for t in trials]
     if len(set(keys)) != len(keys):
         raise ValueError("trials contain duplicates (the same key twice)")
     shapes = evaluator.tensor_shapes()
+    for t in trials:  # unknown tensors fail here, before anything runs
+        _check_target(t, shapes)
     model_digest, data_digest = evaluator.model_digest(), evaluator.data_digest()
     digest = campaign_digest(spec, trials, model_digest, data_digest)
     description = {"spec": spec.to_dict(), "n_trials": len(trials), "model": model_digest,
@@ -209,24 +265,26 @@ def run(
     with CampaignStore(store, digest, description, append=append) as db:
         done = db.done_keys()
         todo = [t for t in trials if t.key not in done]
+        chunks = [todo[i:i + batch] for i in range(0, len(todo), batch)]
+        if executor == "ray" and chunks:
+            results = _run_ray(evaluator, chunks, spec, shapes, ray_address, workers)
+        else:
+            results = _run_local(evaluator, chunks, spec, shapes)
         finished = 0
-        for start in range(0, len(todo), batch):
-            chunk = todo[start:start + batch]
-            began = time.time()
-            maps = [trial_maps(t, spec, shapes) for t in chunk]
-            predictions = evaluator.predict(maps, spec)
-            for trial, fmaps, pred in zip(chunk, maps, predictions, strict=True):
+        began = time.time()
+        for chunk, outputs in results:
+            for trial, (map_digest, pred) in zip(chunk, outputs, strict=True):
                 values = _call_metric(metric, labels, clean, pred, trial.key)
                 db.add({"trial_key": trial.key, "kind": trial.kind, "ber": trial.ber,
                         "chip": trial.chip, "seed": trial.seed, "target": trial.target,
-                        "bit": trial.bit, "element": trial.element,
-                        "map_digest": _maps_digest(fmaps), "model_digest": model_digest,
-                        "data_digest": data_digest, "spec": spec_json,
-                        "versions": version_json, "metrics": values, "started": began,
-                        "finished": time.time(), "worker": worker})
+                        "bit": trial.bit, "element": trial.element, "map_digest": map_digest,
+                        "model_digest": model_digest, "data_digest": data_digest,
+                        "spec": spec_json, "versions": version_json, "metrics": values,
+                        "started": began, "finished": time.time(), "worker": worker})
                 finished += 1
             if progress is not None:
                 progress(finished, len(todo))
+            began = time.time()
         wanted = set(keys)
         records = [r for r in db.records() if r.trial_key in wanted]
     return CampaignResult(records, ran=len(todo), skipped=len(trials) - len(todo),

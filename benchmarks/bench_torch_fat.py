@@ -1,0 +1,155 @@
+"""Fault-aware training step vs a clean step, in one process (issue 3's claim).
+
+Models: an MLP 784-256-256-10 and a small CNN (two 3x3 convs + linear) on
+28x28 inputs, batch 100, SGD. For FixedPoint(32, 28, trunc) and IntQuant(8)
+at ber 1e-3, three fault-aware variants are timed against the clean model:
+``inject_`` with a permanent map, ``inject_`` with transient maps drawn every
+optimizer step, and the naive inline transform (encode, XOR, decode as
+separate ops, ``w + (faulty - w).detach()``). Runs alternate clean/variant in
+rounds; a ratio is the median over rounds of (variant time / clean time).
+
+    python benchmarks/bench_torch_fat.py            # full run, about 2-3 minutes
+    python benchmarks/bench_torch_fat.py --quick    # a smoke run, seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import bitfault as bf
+from bitfault.torch import inject_
+
+BATCH = 100
+BER = 1e-3
+
+
+def mlp() -> nn.Module:
+    return nn.Sequential(nn.Flatten(), nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 256),
+                         nn.ReLU(), nn.Linear(256, 10))
+
+
+def cnn() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Flatten(), nn.Linear(32 * 7 * 7, 10))
+
+
+class Naive(nn.Module):
+    """The seed's transform written inline: encode, XOR a dense mask, decode, ``w + (f - w).detach()``."""
+
+    def __init__(self, model: nn.Module, fmt: bf.FixedPoint | bf.IntQuant) -> None:
+        super().__init__()
+        self.model, self.fmt = model, fmt
+        self.masks = {}
+        for name, p in model.named_parameters():
+            if name.endswith("weight"):
+                fmap = bf.FaultMap.random(tuple(p.shape), fmt, ber=BER, seed=0, name=name)
+                dtype = torch.int32 if fmt.bits == 32 else torch.int8
+                self.masks[name] = torch.from_numpy(fmap.to_dense(np.int32)).to(dtype)
+
+    def transform(self, name: str, w: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.fmt, bf.FixedPoint):
+            words = (w * 2.0**self.fmt.frac).to(torch.int32)
+            faulty = (words ^ self.masks[name]).to(torch.float32) * 2.0**-self.fmt.frac
+        else:
+            scale = w.detach().abs().max() / 127
+            words = torch.round(w / scale).clamp(-127, 127).to(torch.int8)
+            faulty = (words ^ self.masks[name]).to(torch.float32) * scale
+        return w + (faulty - w).detach()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for name, module in self.model.named_children():
+            w = getattr(module, "weight", None)
+            if w is None:
+                x = module(x)
+            elif isinstance(module, nn.Linear):
+                x = F.linear(x, self.transform(f"{name}.weight", w), module.bias)
+            else:
+                x = module._conv_forward(x, self.transform(f"{name}.weight", w), module.bias)
+        return x
+
+
+def trainer(model: nn.Module, x: torch.Tensor, y: torch.Tensor):
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    return step, opt
+
+
+def ratio(clean_step, step, rounds: int, per_round: int) -> tuple[float, float, float]:
+    """Median over rounds of variant/clean time; also the median step times (ms)."""
+    for _ in range(3):
+        clean_step()
+        step()
+    ratios, tc, tv = [], [], []
+    for r in range(rounds):
+        order = (clean_step, step) if r % 2 == 0 else (step, clean_step)
+        times = {}
+        for fn in order:
+            t0 = time.perf_counter()
+            for _ in range(per_round):
+                fn()
+            times[fn] = (time.perf_counter() - t0) / per_round
+        ratios.append(times[step] / times[clean_step])
+        tc.append(times[clean_step])
+        tv.append(times[step])
+    return statistics.median(ratios), statistics.median(tc) * 1e3, statistics.median(tv) * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--per-round", type=int, default=10)
+    parser.add_argument("--quick", action="store_true", help="3 rounds of 2 steps: a smoke run")
+    args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.per_round = 3, 2
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    x_flat = torch.rand(BATCH, 1, 28, 28)
+    y = torch.randint(0, 10, (BATCH,))
+    formats = {"FixedPoint(32,28)": bf.FixedPoint(32, 28, rounding="trunc"),
+               "IntQuant(8)": bf.IntQuant(8)}
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), batch {BATCH}, "
+          f"ber {BER}, SGD; ratio = fault-aware step / clean step (median of {args.rounds} "
+          f"alternating rounds x {args.per_round} steps)")
+    print(f"{'model':5} {'format':18} {'variant':22} {'clean ms':>9} {'faulty ms':>9} {'ratio':>7}")
+    for model_name, build in (("MLP", mlp), ("CNN", cnn)):
+        torch.manual_seed(0)
+        base = build()
+        clean = copy.deepcopy(base)
+        clean_step, _ = trainer(clean, x_flat, y)
+        for fmt_name, fmt in formats.items():
+            variants = {}
+            perm = copy.deepcopy(base)
+            inject_(perm, bf.FaultSpec(format=fmt, ber=BER, seed=0))
+            variants["inject_ permanent"] = trainer(perm, x_flat, y)[0]
+            trans = copy.deepcopy(base)
+            handle = inject_(trans, bf.FaultSpec(format=fmt, ber=BER, seed=0,
+                                                 persistence="transient", resample="step"))
+            step, opt = trainer(trans, x_flat, y)
+            handle.attach(opt)
+            variants["inject_ transient/step"] = step
+            variants["naive inline"] = trainer(Naive(copy.deepcopy(base), fmt), x_flat, y)[0]
+            for variant, step in variants.items():
+                rounds = args.rounds if "transient" not in variant else max(3, args.rounds // 3)
+                r, tc, tv = ratio(clean_step, step, rounds, args.per_round)
+                print(f"{model_name:5} {fmt_name:18} {variant:22} {tc:9.2f} {tv:9.2f} {r:7.3f}",
+                      flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+"""``inject`` for one torch tensor: ``bitfault.inject``'s bits without leaving the device."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from bitfault.faults import _FaultBase
+from bitfault.formats import Format
+from bitfault.inject import check_map_fits
+from bitfault.maps import FaultMap
+from bitfault.torch._kernels import DeviceFaults, check_float_dtype, faulty_group
+
+
+def inject(x: torch.Tensor, fmt: Format, fault: Any, fmap: FaultMap) -> torch.Tensor:
+    """The faulty values of ``x``: encode in ``fmt``, apply ``fault`` at ``fmap``, decode.
+
+    Bit for bit ``bitfault.inject(x.numpy(), fmt, fault, fmap)`` for float16,
+    float32 and float64 tensors; bfloat16 is computed on the exact float32 copy
+    and rounded back by PyTorch's cast. Returns a new tensor (no autograd graph)
+    of x's shape, dtype and device; an IntQuant tensor with NaN or inf raises
+    ValueError, as the core does.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    check_float_dtype(x.dtype, "x")
+    if not isinstance(fmt, Format):
+        raise TypeError(f"fmt must be a bitfault format (FixedPoint, IntQuant, Float), got {fmt!r}")
+    if not isinstance(fault, _FaultBase):
+        raise TypeError(f"fault must be BitFlip() or StuckAt(0|1), got {fault!r}")
+    check_map_fits(fmap, tuple(x.shape), fmt)
+    faults = DeviceFaults.build([fmap], fault.eligible_mask(fmt), x.device)
+    with torch.no_grad():
+        return faulty_group([x.detach()], fmt, fault, faults, strict=True)[0]

@@ -1,0 +1,73 @@
+"""The Ray executor on a local 2-worker cluster: same results as local, survives a dead worker."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import bitfault as bf
+from bitfault.campaign import NumpyEvaluator, rate_sweep, run
+
+ray = pytest.importorskip("ray")
+# Workers cannot import this test module: ship its functions and classes by value.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+SPEC = bf.FaultSpec(format=bf.IntQuant(8), ber=1e-3)
+TRIALS = rate_sweep([1e-3, 1e-2, 5e-2], chips=4)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[None]:
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def local_forward(params: dict[str, np.ndarray], x: np.ndarray) -> np.ndarray:
+    h = np.maximum(x @ params["fc1.weight"].T + params["fc1.bias"], 0.0)
+    return h @ params["fc2.weight"].T + params["fc2.bias"]
+
+
+class DiesOnce(NumpyEvaluator):
+    """Kills its worker process the first time it sees the marker chunk."""
+
+    marker: str = ""
+
+    def predict(self, batch_of_maps, spec):
+        if self.marker and batch_of_maps and not os.path.exists(self.marker) \
+                and os.getpid() != self.driver_pid:
+            Path(self.marker).write_text("died once")
+            os._exit(1)
+        return super().predict(batch_of_maps, spec)
+
+
+def _evaluator(mlp_params: dict[str, np.ndarray], cls: type = NumpyEvaluator) -> NumpyEvaluator:
+    from bitfault.data import split_embedded_mnist
+
+    _, (x, y) = split_embedded_mnist()
+    return cls(local_forward, mlp_params, x[:300], y[:300])
+
+
+def _metrics(result: bf.campaign.CampaignResult) -> dict[str, dict]:
+    return {r.trial_key: (r.map_digest, r.metrics) for r in result.records}
+
+
+def test_ray_matches_local_and_survives_a_dead_worker(
+        cluster: None, mlp_params: dict[str, np.ndarray], tmp_path: Path) -> None:
+    local = run(_evaluator(mlp_params), TRIALS, SPEC, tmp_path / "local.db", batch=3)
+    on_ray = run(_evaluator(mlp_params), TRIALS, SPEC, tmp_path / "ray.db", batch=3,
+                 executor="ray")
+    assert on_ray.ran == len(TRIALS)
+    assert _metrics(on_ray) == _metrics(local)
+
+    dying = _evaluator(mlp_params, DiesOnce)
+    dying.marker = str(tmp_path / "died")
+    dying.driver_pid = os.getpid()
+    survived = run(dying, TRIALS, SPEC, tmp_path / "dying.db", batch=3, executor="ray")
+    assert os.path.exists(tmp_path / "died")  # a worker really died mid-task
+    assert _metrics(survived) == _metrics(local)
