@@ -146,3 +146,16 @@ def test_store_exports(evaluator: NumpyEvaluator, tmp_path: Path) -> None:
     assert len(lines) == 3 and "metric_accuracy" in lines[0]
     assert list(frame["chip"]) == [0, 1]
     assert os.path.getsize(tmp_path / "c.csv") > 0
+
+
+def test_summary_across_chips(evaluator: NumpyEvaluator, tmp_path: Path) -> None:
+    result = run(evaluator, rate_sweep([1e-3, 1e-1], chips=4), SPEC, tmp_path / "c.db")
+    rows = result.summary("accuracy")
+    assert [(r["kind"], r["ber"], r["n"]) for r in rows] == [("rate", 1e-3, 4), ("rate", 0.1, 4)]
+    accs = [r.metrics["accuracy"] for r in result.records if r.ber == 0.1]
+    assert rows[1]["mean"] == pytest.approx(np.mean(accs))
+    assert rows[1]["min"] == min(accs) and rows[1]["max"] == max(accs)
+    assert rows[1]["ci_low"] <= rows[1]["mean"] <= rows[1]["ci_high"]
+    assert result.summary("robust_error")[0]["mean"] >= 1 - result.clean["accuracy"]
+    with pytest.raises(KeyError, match="not recorded"):
+        result.summary("f1")

@@ -80,7 +80,7 @@ def test_fit_evaluate_tape_and_jit_compile_all_run(mlp, data) -> None:
     for jit in (False, True):
         fmodel.compile(keras.optimizers.Adam(1e-2), "sparse_categorical_crossentropy",
                        metrics=["accuracy"], jit_compile=jit)
-        history = fmodel.fit(x, y, epochs=2, batch_size=20, verbose=0)
+        history = fmodel.fit(x, y, epochs=1, batch_size=20, verbose=0)
         assert np.isfinite(history.history["loss"]).all()
         loss, accuracy = fmodel.evaluate(x, y, verbose=0)
         assert np.isfinite(loss) and 0 <= accuracy <= 1

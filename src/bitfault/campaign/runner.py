@@ -25,7 +25,7 @@ from bitfault.campaign.store import CampaignStore, TrialRecord
 from bitfault.inject import inject
 from bitfault.maps import FaultMap
 from bitfault.spec import FaultSpec
-from bitfault.stats import robust_error
+from bitfault.stats import robust_error, summarize
 
 Maps = dict[str, FaultMap]
 Metric = Callable[[np.ndarray, np.ndarray, np.ndarray], Mapping[str, float]]
@@ -162,6 +162,22 @@ class CampaignResult:
         import pandas as pd
 
         return pd.DataFrame([r.flat() for r in self.records])
+
+    def summary(self, metric: str = "accuracy",
+                confidence: float = 0.95) -> list[dict[str, Any]]:
+        """Across chips: one row per (kind, ber, target, bit) with ``stats.summarize`` fields."""
+        groups: dict[tuple, list[float]] = {}
+        for r in self.records:
+            if metric not in r.metrics:
+                raise KeyError(f"metric {metric!r} not recorded; have {sorted(r.metrics)}")
+            key = (r.kind, r.ber, r.target if r.kind != "single" else None,
+                   r.bit if r.kind == "bit" else None)
+            groups.setdefault(key, []).append(float(r.metrics[metric]))
+        rows = []
+        for (kind, ber, target, bit), values in sorted(groups.items(), key=lambda kv: str(kv[0])):
+            rows.append({"kind": kind, "ber": ber, "target": target, "bit": bit,
+                         "metric": metric, **summarize(values, confidence).to_dict()})
+        return rows
 
     def to_json(self) -> str:
         return json.dumps({"clean": self.clean, "ran": self.ran, "skipped": self.skipped,

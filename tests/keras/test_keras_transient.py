@@ -1,0 +1,62 @@
+"""Transient faults: a fresh map per batch, replayed exactly from (seed, name, step)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import bitfault as bf
+import keras
+from bitfault.keras import ResampleFaults, fault_maps, inject, resample
+
+TRANSIENT = bf.FaultSpec(format=bf.FixedPoint(16, 12), ber=0.01, seed=2,
+                         persistence="transient")
+
+
+def train(mlp: keras.Model, data, spec: bf.FaultSpec, epochs: int = 2) -> list[np.ndarray]:
+    x, y = data
+    keras.utils.set_random_seed(0)
+    fmodel = inject(mlp, spec)
+    fmodel.compile(keras.optimizers.SGD(0.05), "sparse_categorical_crossentropy")
+    fmodel.fit(x, y, epochs=epochs, batch_size=10, shuffle=False, verbose=0,
+               callbacks=[ResampleFaults()])
+    return fmodel, [w.copy() for w in fmodel.get_weights()]
+
+
+def test_same_seed_replays_exactly_and_another_seed_differs(mlp, data) -> None:
+    first, weights_a = train(mlp, data, TRANSIENT)
+    _, weights_b = train(mlp, data, TRANSIENT)
+    _, weights_c = train(mlp, data, TRANSIENT.replace(seed=3))
+    assert all(np.array_equal(a, b) for a, b in zip(weights_a, weights_b, strict=True))
+    assert not all(np.array_equal(a, c) for a, c in zip(weights_a, weights_c, strict=True))
+    # after 8 steps the maps are those of the last step, drawn from (seed, name, step)
+    layer = first.get_layer("fc1")
+    assert layer.step == 7
+    expected = TRANSIENT.map_for("fc1.weight", (16, 8), step=7)
+    assert layer.maps["fc1.weight"] == expected
+    mask = np.transpose(expected.to_dense(np.int16))
+    assert np.array_equal(layer.get_weights()[0], mask)
+
+
+def test_maps_change_every_step_and_permanent_maps_do_not(mlp) -> None:
+    fmodel = inject(mlp, TRANSIENT)
+    at_zero = fault_maps(fmodel)["fc2.weight"]
+    resample(fmodel, 1)
+    at_one = fault_maps(fmodel)["fc2.weight"]
+    assert at_zero != at_one and at_zero.meta["step"] == 0 and at_one.meta["step"] == 1
+    resample(fmodel, 0)
+    assert fault_maps(fmodel)["fc2.weight"] == at_zero
+    permanent = inject(mlp, TRANSIENT.replace(persistence="permanent"))
+    before = fault_maps(permanent)
+    resample(permanent, 5)
+    assert fault_maps(permanent) == before
+
+
+def test_forward_resampling_counts_every_batch(mlp, data) -> None:
+    x, _ = data
+    fmodel = inject(mlp, TRANSIENT.replace(resample="forward"))
+    callback = ResampleFaults(first_step=10)
+    fmodel.predict(x, batch_size=10, verbose=0, callbacks=[callback])
+    assert fmodel.get_layer("fc1").step == 13 and callback.forward_step == 14
+    with pytest.raises(ValueError, match="first_step"):
+        ResampleFaults(first_step=-1)
