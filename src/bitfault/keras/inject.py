@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import fnmatch
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import keras
-
 from bitfault.keras.layers import FaultyLayer, as_spec
 from bitfault.keras.layouts import SUPPORTED_NAMES, draw_maps, is_supported, plan_slots
 from bitfault.keras.transforms import check_supported
 from bitfault.maps import FaultMap
 from bitfault.spec import FaultSpec
 
-FilterFn = Callable[[keras.layers.Layer, str], bool]
+FilterFn = Callable[[keras.layers.Layer, str], bool] | str | Sequence[str]
 
 
 def _is_graph_model(model: Any) -> bool:
@@ -56,8 +56,12 @@ def fault_maps(model: keras.Model) -> dict[str, FaultMap]:
 
 
 def resample(model: keras.Model, step: int) -> None:
-    """Draw the transient maps of ``step`` in every FaultyLayer (replayable from the seed)."""
-    for layer in faulty_layers(model):
+    """Use the transient maps of ``step`` in every transient FaultyLayer of the model."""
+    layers = [la for la in faulty_layers(model) if la.spec.persistence == "transient"]
+    if not layers:
+        raise ValueError("resample(model, step) needs FaultyLayers with a transient spec; this "
+                         "model has none (permanent maps never change)")
+    for layer in layers:
         layer.resample(step)
 
 
@@ -73,6 +77,11 @@ def _choose(model: keras.Model, spec: FaultSpec,
     """id(layer) -> (tensor prefix, maps) for every chosen layer; all checks happen here."""
     chosen: dict[int, tuple[str, dict[str, FaultMap]]] = {}
     seen = []
+    if isinstance(filter_fn, str):
+        filter_fn = [filter_fn]
+    if isinstance(filter_fn, (list, tuple)) and all(isinstance(p, str) for p in filter_fn):
+        patterns = tuple(filter_fn)
+        filter_fn = lambda layer, path: any(fnmatch.fnmatchcase(path, p) for p in patterns)  # noqa: E731
     for layer, path in walk_layers(model):
         seen.append(path)
         if isinstance(layer, FaultyLayer):
@@ -95,8 +104,11 @@ def _choose(model: keras.Model, spec: FaultSpec,
         what = "filter_fn matched no layer" if filter_fn is not None else (
             f"the model has no {SUPPORTED_NAMES} layer")
         raise ValueError(f"{what}; the model's layers: {seen}")
+    names = {name for _, maps in chosen.values() for name in maps}
+    if not names:
+        raise ValueError(f"targets={list(spec.targets)} name no tensor of the chosen layers "
+                         f"{[path for path, _ in chosen.values()][:8]}")
     if spec.maps is not None:
-        names = {name for _, maps in chosen.values() for name in maps}
         unknown = sorted(set(spec.maps) - names)
         if unknown:
             raise ValueError(f"spec.maps names tensor(s) {unknown} that no chosen layer has; the "
@@ -111,7 +123,7 @@ def inject(model: keras.Model, spec: FaultSpec | dict[str, Any],
     Chosen by default: every Dense, EinsumDense, Conv1D/2D/3D and Embedding
     layer, or those for which ``filter_fn(layer, path)`` is true (``path``:
     the layer's name, dotted through nested models: also the tensor-name
-    prefix). Weights are copied over; the new model is not compiled.
+    prefix); a glob string or list of globs matches paths. Weights are copied over; the new model is not compiled.
     Transient specs start at step 0; ``ResampleFaults`` or ``resample``
     draws later steps.
     """
@@ -123,8 +135,12 @@ def inject(model: keras.Model, spec: FaultSpec | dict[str, Any],
         raise TypeError(f"model must be a Sequential or Functional model, got the subclassed "
                         f"{type(model).__name__}; wrap its layers in bitfault.keras.FaultyLayer "
                         "instead")
-    if filter_fn is not None and not callable(filter_fn):
-        raise TypeError(f"filter_fn must be a callable (layer, path) -> bool, got {filter_fn!r}")
+    if filter_fn is not None and not callable(filter_fn) and not (
+            isinstance(filter_fn, (str, list, tuple))
+            and all(isinstance(p, str) for p in ([filter_fn] if isinstance(filter_fn, str)
+                                                 else filter_fn))):
+        raise TypeError(f"filter_fn must be a callable (layer, path) -> bool or glob pattern(s) "
+                        f"on layer paths, got {filter_fn!r}")
     chosen = _choose(model, spec, filter_fn)
     clones: list[tuple[keras.layers.Layer, keras.layers.Layer]] = []
 

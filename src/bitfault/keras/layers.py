@@ -18,9 +18,9 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import keras
 import tensorflow as tf
 
+import keras
 from bitfault.faults import FaultModel
 from bitfault.formats import Format, IntQuant
 from bitfault.keras.layouts import (
@@ -173,9 +173,8 @@ class FaultyLayer(keras.layers.Wrapper):
         if x.dtype != tf.float32:
             raise TypeError(f"activation faults on {slot.name!r} need float32 outputs, got "
                             f"{x.dtype.name} (mixed precision is supported for weights only)")
-        # Activations always pass their gradient straight through ("blocked" concerns weights).
         return straight_through(self._fused_for([slot]), [x], [tf.convert_to_tensor(mask.value)],
-                                "ste")[0]
+                                self.spec.gradient)[0]
 
     # ---- maps -----------------------------------------------------------------------------
 
@@ -201,10 +200,11 @@ class FaultyLayer(keras.layers.Wrapper):
         return {s.name: v.numpy() for (s, _), v in zip(params, out, strict=True)}
 
     def resample(self, step: int) -> None:
-        """Draw the maps of ``step`` (transient specs; permanent maps never change)."""
-        step = _check_step(step)
+        """Use the transient maps of ``step``, drawn from (seed, tensor name, step)."""
         if self.spec.persistence != "transient":
-            return
+            raise ValueError(f"resample(step) needs a spec with persistence='transient'; the maps "
+                             f"of {self.name!r} are permanent")
+        step = _check_step(step)
         if self.built and step != self.step:
             maps = draw_maps(self._slots, self.spec, step)
             for slot, var in zip(self._slots, self._mask_variables, strict=True):

@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import keras
 import numpy as np
 
+import keras
 from bitfault.formats import IntQuant
 from bitfault.maps import FaultMap
 from bitfault.spec import FaultSpec
@@ -130,6 +130,10 @@ def plan_slots(layer: Any, prefix: str, spec: FaultSpec,
                              "activation faults in bitfault.keras; use per_channel=False")
         slots.append(Slot("activations", f"{prefix}.output", shape,
                           _output_perm(layer, len(shape))))
+    if isinstance(spec.format, IntQuant) and spec.format.axis is not None:
+        for slot in slots:
+            if slot.variable is not None:
+                slot.keras_axis(spec.format.axis)  # the channel axis must exist
     return slots
 
 

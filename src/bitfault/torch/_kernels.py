@@ -275,20 +275,23 @@ def _hi_float32(hi: int) -> tuple[float, float]:
 
 
 def faulty_fixed_point_f32(x: torch.Tensor, fmt: FixedPoint, fault: _FaultBase,
-                           index: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
+                           faults: DeviceFaults) -> torch.Tensor:
     """FixedPoint (overflow "saturate") on a flat float32 tensor.
 
-    Clean value of every element: ``clamp(round(x * 2**f), lo, float32(hi)) * 2**-f``
-    in float32. Exact: scaling by a power of two is exact, a rounded float32 is
-    its own code, and ``float32(hi) * 2**-f`` is what decoding ``hi`` gives. NaN
-    becomes code 0; ``0 + t * 2**-f`` turns -0.0 into the +0.0 that code 0 decodes to.
+    Every element: ``t = clamp(round(x * 2**f), lo, float32(hi))`` in float32 is
+    its code (exact: scaling by a power of two is exact and a rounded float32 is
+    an integer; ``float32(hi) * 2**-f`` is what decoding ``hi`` gives). Faulty
+    elements: their codes as integers, faulted, written back as float32 (one
+    rounding, as the core's decode). Last, ``t = 0 + t * 2**-f`` decodes all at
+    once and turns the -0.0 of rounding into the +0.0 that code 0 decodes to.
     """
     lo, hi = fmt.code_range
     up, down = 2.0**fmt.frac, 2.0**-fmt.frac
     hi32, below = _hi_float32(hi)
     in_range = False
     if x.device.type == "cpu" and x.numel():  # a free host check lets clean tensors skip clamping
-        mn, mx = (float(v) for v in torch.aminmax(x))
+        mn, mx = torch.aminmax(x).tolist() if hasattr(torch.aminmax(x), "tolist") else (0, 0)
+    if x.device.type == "cpu" and x.numel():
         in_range = mn * up >= lo and mx * up <= below  # False for NaN
     if fmt.rounding == "trunc":
         t = torch.div(x, down, rounding_mode="trunc")
@@ -296,17 +299,19 @@ def faulty_fixed_point_f32(x: torch.Tensor, fmt: FixedPoint, fault: _FaultBase,
         t = torch.mul(x, up).round_()
     if not in_range:
         t.clamp_(float(lo), hi32).nan_to_num_(0.0)
-    faulty = None
+    index = faults.index
     if index.numel():
-        codes = t.index_select(0, index).to(torch.int64)
-        if hi32 > hi and not in_range:
-            codes.clamp_(max=hi)
-        codes = _sign_extend(apply_fault(codes, masks, fault), fmt.bits)
-        faulty = codes.to(torch.float32).mul_(down)
-    torch.add(_zero(t.device), t, alpha=down, out=t)
-    if faulty is not None:
-        t.index_copy_(0, index, faulty)
-    return t
+        codes = t.index_select(0, index)
+        if in_range:  # codes fit int32
+            words = apply_fault(codes.to(torch.int32), faults.masks32, fault)
+            words = _sign_extend32(words, fmt.bits)
+        else:
+            words = codes.to(torch.int64)
+            if hi32 > hi:
+                words.clamp_(max=hi)
+            words = _sign_extend(apply_fault(words, faults.masks, fault), fmt.bits)
+        t.index_copy_(0, index, words.to(torch.float32))
+    return torch.add(_zero(t.device), t, alpha=down, out=t)
 
 
 def faulty_float32_f32(x: torch.Tensor, fault: _FaultBase, index: torch.Tensor,

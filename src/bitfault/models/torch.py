@@ -1,0 +1,71 @@
+"""PyTorch reference models (imports torch)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+def _seed_init_(layer: nn.Module, generator: torch.Generator) -> None:
+    """Truncated normal with stddev 1/sqrt(fan_in), cut at two stddevs; zero bias (the seed's)."""
+    weight = layer.weight
+    fan_in = weight[0].numel()
+    std = 1.0 / math.sqrt(fan_in)
+    with torch.no_grad():
+        nn.init.trunc_normal_(weight, 0.0, std, -2 * std, 2 * std, generator=generator)
+        if layer.bias is not None:
+            layer.bias.zero_()
+
+
+class SeedMLP(nn.Module):
+    """784-hidden-hidden-10 with ReLU: the seed program's network (layers fc1, fc2, fc3)."""
+
+    def __init__(self, hidden: int = 256, inputs: int = 784, classes: int = 10,
+                 seed: int = 0) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(inputs, hidden)
+        self.fc2 = nn.Linear(hidden, hidden)
+        self.fc3 = nn.Linear(hidden, classes)
+        g = torch.Generator().manual_seed(seed)
+        for layer in (self.fc1, self.fc2, self.fc3):
+            _seed_init_(layer, g)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.flatten(1)
+        x = torch.relu(self.fc1(x))
+        x = torch.relu(self.fc2(x))
+        return self.fc3(x)
+
+
+class SmallCNN(nn.Module):
+    """Two 3x3 conv layers (conv1, conv2) with max pooling, then one linear layer (fc)."""
+
+    def __init__(self, channels: tuple[int, int] = (16, 32), classes: int = 10,
+                 seed: int = 0) -> None:
+        super().__init__()
+        c1, c2 = channels
+        self.conv1 = nn.Conv2d(1, c1, 3, padding=1)
+        self.conv2 = nn.Conv2d(c1, c2, 3, padding=1)
+        self.fc = nn.Linear(c2 * 7 * 7, classes)
+        g = torch.Generator().manual_seed(seed)
+        for layer in (self.conv1, self.conv2, self.fc):
+            _seed_init_(layer, g)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.reshape(-1, 1, 28, 28)
+        x = torch.max_pool2d(torch.relu(self.conv1(x)), 2)
+        x = torch.max_pool2d(torch.relu(self.conv2(x)), 2)
+        return self.fc(x.flatten(1))
+
+
+def seed_mlp(hidden: int = 256, seed: int = 0) -> SeedMLP:
+    return SeedMLP(hidden=hidden, seed=seed)
+
+
+def small_cnn(channels: tuple[int, int] = (16, 32), seed: int = 0) -> SmallCNN:
+    return SmallCNN(channels=channels, seed=seed)
+
+
+__all__ = ["SeedMLP", "SmallCNN", "seed_mlp", "small_cnn"]
