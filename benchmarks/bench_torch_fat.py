@@ -20,12 +20,12 @@ import statistics
 import time
 
 import numpy as np
-import torch
 import torch.nn.functional as F
-from torch import nn
 
 import bitfault as bf
+import torch
 from bitfault.torch import inject_
+from torch import nn
 
 BATCH = 100
 BER = 1e-3
@@ -43,7 +43,7 @@ def cnn() -> nn.Module:
 
 
 class Naive(nn.Module):
-    """The seed's transform written inline: encode, XOR a dense mask, decode, ``w + (f - w).detach()``."""
+    """The seed's transform inline: encode, XOR a dense mask, decode, ``w + (f - w).detach()``."""
 
     def __init__(self, model: nn.Module, fmt: bf.FixedPoint | bf.IntQuant) -> None:
         super().__init__()

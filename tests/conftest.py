@@ -6,9 +6,16 @@ written into the tree), so every run of the suite checks the same cases.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
+
+# `import reference` in the tests works under any --import-mode (importlib adds no path)
+if str(Path(__file__).parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).parent))
 
 settings.register_profile(
     "bitfault",

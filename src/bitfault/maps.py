@@ -318,9 +318,8 @@ class FaultMap:
             return _assemble(n, per_position)
         # Take the `count` bits with the earliest first hit, widening the horizon until
         # enough distinct bits have been hit; the streams replay identically each time.
-        p = min(0.5, 2.0 * count / eligible)
+        horizon = _horizon(min(0.5, 2.0 * count / eligible), n)
         while True:
-            horizon = _horizon(p, n)
             elems, times, pos_of = [], [], []
             for pos in positions:
                 e, t = _hits(n, bit_stream(seed, name, pos, step), horizon, with_times=True)
@@ -329,9 +328,9 @@ class FaultMap:
                 times.append(t)
                 pos_of.append(np.full(e.size, pos, np.int64))
             all_t = np.concatenate(times)
-            if all_t.size >= count or p >= 1.0:
+            if all_t.size >= count:
                 break
-            p = min(1.0, 1.0 - (1.0 - p) ** 2)  # double the horizon
+            horizon *= 2.0  # finite: every bit is hit eventually
         keep = np.argsort(all_t, kind="stable")[:count]
         all_e, all_p = np.concatenate(elems)[keep], np.concatenate(pos_of)[keep]
         per_position = {pos: all_e[all_p == pos] for pos in positions}
@@ -409,7 +408,7 @@ class FaultMap:
              name: str | None = None) -> FaultMap:
         """Read a map written by ``save``; ``shape``/``name`` check it fits its tensor."""
         try:
-            with np.load(path, allow_pickle=False) as data:
+            with open(path, "rb") as fh, np.load(fh, allow_pickle=False) as data:
                 header = json.loads(str(data["header"]))
                 indices, masks = data["indices"], data["masks"]
         except FileNotFoundError:

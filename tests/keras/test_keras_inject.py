@@ -72,6 +72,8 @@ def test_nested_models_name_tensors_by_dotted_path() -> None:
                                           "head.weight", "stem.bias", "stem.weight"]
     chosen = inject(model, SPEC, filter_fn=lambda layer, path: path.startswith("block."))
     assert [la.tensor_prefix for la in faulty_layers(chosen)] == ["block.inner"]
+    globbed = inject(model, SPEC, filter_fn=["st*", "head"])
+    assert [la.tensor_prefix for la in faulty_layers(globbed)] == ["stem", "head"]
 
 
 def test_fit_evaluate_tape_and_jit_compile_all_run(mlp, data) -> None:
@@ -133,6 +135,17 @@ def test_filter_choosing_an_unsupported_layer_is_an_error() -> None:
         inject(model, SPEC, filter_fn=lambda layer, path: True)
 
 
+def test_targets_naming_no_tensor_is_an_error() -> None:
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, use_bias=False)])
+    with pytest.raises(ValueError, match=r"targets=\['biases'\] name no tensor"):
+        inject(model, SPEC.replace(targets="biases"))
+
+
+def test_per_channel_axis_missing_from_a_tensor_is_an_error(mlp) -> None:
+    with pytest.raises(ValueError, match="per_channel axis 1 is out of range.*fc1.bias"):
+        inject(mlp, SPEC.replace(format=bf.IntQuant(8, per_channel=1)))
+
+
 def test_map_of_the_wrong_shape_is_an_error(mlp) -> None:
     bad = bf.FaultMap.from_mask(np.ones((8, 16), np.int32), name="fc1.weight")  # Keras layout
     with pytest.raises(ValueError, match=r"maps\['fc1.weight'\] is for shape \(8, 16\)"):
@@ -165,7 +178,7 @@ def test_other_bad_arguments_are_named() -> None:
     with pytest.raises(TypeError, match="spec must be a bitfault.FaultSpec"):
         inject(model, {"ber": "high"} and 3)
     with pytest.raises(TypeError, match="filter_fn must be a callable"):
-        inject(model, SPEC, filter_fn="Dense")
+        inject(model, SPEC, filter_fn=3)
     with pytest.raises(ValueError, match="already has faults injected"):
         inject(inject(model, SPEC), SPEC)
 

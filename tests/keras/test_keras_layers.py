@@ -1,4 +1,4 @@
-"""FaultyLayer: the forward pass uses faulty weights, gradients reach the clean ones, saving works."""
+"""FaultyLayer: the forward uses faulty weights, gradients reach the clean ones, saving works."""
 
 from __future__ import annotations
 

@@ -38,7 +38,7 @@ def test_same_seed_replays_exactly_and_another_seed_differs(mlp, data) -> None:
     assert np.array_equal(layer.get_weights()[0], mask)
 
 
-def test_maps_change_every_step_and_permanent_maps_do_not(mlp) -> None:
+def test_maps_change_every_step_and_permanent_maps_cannot(mlp) -> None:
     fmodel = inject(mlp, TRANSIENT)
     at_zero = fault_maps(fmodel)["fc2.weight"]
     resample(fmodel, 1)
@@ -47,9 +47,10 @@ def test_maps_change_every_step_and_permanent_maps_do_not(mlp) -> None:
     resample(fmodel, 0)
     assert fault_maps(fmodel)["fc2.weight"] == at_zero
     permanent = inject(mlp, TRANSIENT.replace(persistence="permanent"))
-    before = fault_maps(permanent)
-    resample(permanent, 5)
-    assert fault_maps(permanent) == before
+    with pytest.raises(ValueError, match="needs FaultyLayers with a transient spec"):
+        resample(permanent, 5)
+    with pytest.raises(ValueError, match="persistence='transient'"):
+        permanent.get_layer("fc1").resample(5)
 
 
 def test_forward_resampling_counts_every_batch(mlp, data) -> None:

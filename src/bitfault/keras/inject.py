@@ -123,9 +123,9 @@ def inject(model: keras.Model, spec: FaultSpec | dict[str, Any],
     Chosen by default: every Dense, EinsumDense, Conv1D/2D/3D and Embedding
     layer, or those for which ``filter_fn(layer, path)`` is true (``path``:
     the layer's name, dotted through nested models: also the tensor-name
-    prefix); a glob string or list of globs matches paths. Weights are copied over; the new model is not compiled.
-    Transient specs start at step 0; ``ResampleFaults`` or ``resample``
-    draws later steps.
+    prefix); a glob string or list of globs matches paths. Weights are
+    copied over; the new model is not compiled. Transient specs start at
+    step 0; ``ResampleFaults`` or ``resample`` draws later steps.
     """
     spec = as_spec(spec)
     check_supported(spec.format, spec.fault)

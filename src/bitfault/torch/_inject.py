@@ -20,13 +20,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
-from torch import nn
 
+import torch
 from bitfault.inject import InjectionStats, check_map_fits, inject_with_stats
 from bitfault.maps import FaultMap
 from bitfault.spec import FaultSpec
 from bitfault.torch._kernels import DeviceFaults, check_float_dtype, faulty_group
+from torch import nn
 
 DEFAULT_MODULES: tuple[type[nn.Module], ...] = (
     nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Embedding)
@@ -42,7 +42,8 @@ class _StraightThrough(torch.autograd.Function):
     are ("ste"), or nowhere ("blocked", the seed program's ``stop_gradient``)."""
 
     @staticmethod
-    def forward(ctx: Any, blocked: bool, n: int, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def forward(ctx: Any, blocked: bool, n: int, *tensors: torch.Tensor
+                ) -> tuple[torch.Tensor, ...]:
         ctx.blocked, ctx.n = blocked, n
         return tuple(tensors[n:])
 
@@ -173,7 +174,7 @@ class FaultHandle:
         return sum(m.n_faults for m in self.maps.values())
 
     def resample(self, step: int) -> FaultHandle:
-        """Use the transient maps of ``step``: drawn from (seed, tensor name, step), so replayable."""
+        """Use the transient maps of ``step``, drawn from (seed, tensor name, step): replayable."""
         self._check_live()
         if self.spec.persistence != "transient":
             raise ValueError("resample(step) needs a spec with persistence='transient'; this "
@@ -185,7 +186,7 @@ class FaultHandle:
         return self
 
     def set_ber(self, ber: float) -> FaultHandle:
-        """Switch every map to bit error rate ``ber`` (same seed: a higher rate only adds faults)."""
+        """Switch every map to bit error rate ``ber`` (same seed: a higher rate only adds)."""
         self._check_live()
         if self.spec.maps is not None:
             raise ValueError("set_ber needs a spec with ber= or count=; this spec has explicit "
@@ -306,7 +307,8 @@ class FaultHandle:
             clean = [tensors[i] for i in members]
             with torch.no_grad():
                 faulty = faulty_group([c.detach() for c in clean], spec.format, spec.fault, faults)
-            for name, t in zip(names, _through(clean, faulty, spec.gradient == "blocked")):
+            for name, t in zip(names, _through(clean, faulty, spec.gradient == "blocked"),
+                               strict=True):
                 out[name] = t
         return out
 

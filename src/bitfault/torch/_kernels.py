@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
+import torch
 from bitfault.faults import BitFlip, StuckAt, _FaultBase
 from bitfault.formats import FixedPoint, Float, IntQuant
 from bitfault.maps import FaultMap
@@ -49,7 +49,14 @@ def _zero(device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Ten
 
 
 def _sign_extend(words: torch.Tensor, bits: int) -> torch.Tensor:
+    """Two's complement value of the low ``bits`` bits of int64 words."""
     shift = 64 - bits
+    return (words << shift) >> shift if shift else words
+
+
+def _sign_extend32(words: torch.Tensor, bits: int) -> torch.Tensor:
+    """The same for int32 words."""
+    shift = 32 - bits
     return (words << shift) >> shift if shift else words
 
 
@@ -68,6 +75,7 @@ class DeviceFaults:
 
     index: torch.Tensor
     masks: torch.Tensor
+    masks32: torch.Tensor  # the same bits in int32 (bit 31 as the sign)
     offsets: tuple[int, ...]
     sizes: tuple[int, ...]
     spans: tuple[tuple[int, int], ...]
@@ -89,15 +97,21 @@ class DeviceFaults:
             offset += fmap.size
         index = np.concatenate(idx_parts) if idx_parts else np.zeros(0, np.int64)
         masks = np.concatenate(mask_parts) if mask_parts else np.zeros(0, np.int64)
+        masks = masks.astype(np.int64)
         return cls(torch.from_numpy(index.astype(np.int64)).to(device),
-                   torch.from_numpy(masks.astype(np.int64)).to(device), tuple(offsets),
-                   tuple(sizes), tuple(spans))
+                   torch.from_numpy(masks).to(device),
+                   torch.from_numpy(masks.astype(np.uint32).view(np.int32)).to(device),
+                   tuple(offsets), tuple(sizes), tuple(spans))
 
-    def part(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Index (relative to tensor ``i``) and masks of tensor ``i`` alone."""
+    def part(self, i: int) -> DeviceFaults:
+        """The faults of tensor ``i`` alone (indices relative to it)."""
+        if len(self.sizes) == 1:
+            return self
         a, b = self.spans[i]
         index = self.index[a:b]
-        return (index - self.offsets[i] if self.offsets[i] else index), self.masks[a:b]
+        return DeviceFaults(index - self.offsets[i] if self.offsets[i] else index,
+                            self.masks[a:b], self.masks32[a:b], (0,), (self.sizes[i],),
+                            ((0, b - a),))
 
     @property
     def count(self) -> int:
@@ -290,8 +304,7 @@ def faulty_fixed_point_f32(x: torch.Tensor, fmt: FixedPoint, fault: _FaultBase,
     hi32, below = _hi_float32(hi)
     in_range = False
     if x.device.type == "cpu" and x.numel():  # a free host check lets clean tensors skip clamping
-        mn, mx = torch.aminmax(x).tolist() if hasattr(torch.aminmax(x), "tolist") else (0, 0)
-    if x.device.type == "cpu" and x.numel():
+        mn, mx = (float(v) for v in torch.aminmax(x))
         in_range = mn * up >= lo and mx * up <= below  # False for NaN
     if fmt.rounding == "trunc":
         t = torch.div(x, down, rounding_mode="trunc")
@@ -314,74 +327,100 @@ def faulty_fixed_point_f32(x: torch.Tensor, fmt: FixedPoint, fault: _FaultBase,
     return torch.add(_zero(t.device), t, alpha=down, out=t)
 
 
-def faulty_float32_f32(x: torch.Tensor, fault: _FaultBase, index: torch.Tensor,
-                       masks: torch.Tensor) -> torch.Tensor:
+def faulty_float32_f32(x: torch.Tensor, fault: _FaultBase, faults: DeviceFaults) -> torch.Tensor:
     """Float("float32") on a flat float32 tensor: only the faulty words change."""
     out = x.clone()
-    if index.numel():
+    if faults.index.numel():
         bits = out.view(torch.int32)
-        words = bits.index_select(0, index).to(torch.int64)
-        new = _sign_extend(apply_fault(words, masks, fault) & 0xFFFFFFFF, 32)
-        bits.index_copy_(0, index, new.to(torch.int32))
+        words = bits.index_select(0, faults.index)
+        bits.index_copy_(0, faults.index, apply_fault(words, faults.masks32, fault))
     return out
 
 
-def faulty_int_quant_f32(x: torch.Tensor, fmt: IntQuant, fault: _FaultBase,
-                         index: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
-    """IntQuant on a float32 tensor (any shape), computed in float64 as the core does.
+def _host_calibration(x: torch.Tensor, fmt: IntQuant
+                      ) -> tuple[float | torch.Tensor, int | torch.Tensor, bool]:
+    """``IntQuant.calibrate`` for a CPU tensor: the same float64 arithmetic, on the host.
 
-    Dense: ``round(x / s) + z`` -> clamp -> ``(q - z) * s`` -> float32. Faulty
-    elements: their codes as words, faulted, decoded with the clean scale. A
-    tensor with NaN or inf comes out all NaN.
+    Returns (scale, zero, finite): Python numbers for one scale per tensor,
+    broadcastable tensors per channel.
+    """
+    lo, hi = fmt.code_range
+    dims = fmt._reduce_axes(x.ndim)
+    if dims is None:
+        mn_t, mx_t = torch.aminmax(x)
+        mn = np.float64(mn_t.item())
+        mx = np.float64(mx_t.item())
+        shape = None
+    else:
+        axis = next(d for d in range(x.ndim) if d not in dims)
+        mn_t, mx_t = torch.aminmax(x.movedim(axis, 0).reshape(x.shape[axis], -1), dim=1)
+        mn, mx = mn_t.numpy().astype(np.float64), mx_t.numpy().astype(np.float64)
+        shape = [1] * x.ndim
+        shape[axis] = x.shape[axis]
+    finite = bool(np.isfinite(mn).all() and np.isfinite(mx).all())
+    if fmt.symmetric:  # the core's formulas, on the (per channel) extremes
+        scale = np.maximum(-mn, mx) / hi
+        zero = np.zeros_like(scale, dtype=np.int64)
+    else:
+        xmin, xmax = np.minimum(mn, 0.0), np.maximum(mx, 0.0)
+        scale = (xmax - xmin) / (hi - lo)
+        safe = np.where(scale > 0, scale, 1.0)
+        zero = np.clip(np.rint(lo - xmin / safe), lo, hi).astype(np.int64)
+    scale = np.where(scale > 0, scale, 1.0)
+    if shape is None:
+        return float(scale), int(zero), finite
+    return (torch.from_numpy(scale.reshape(shape)), torch.from_numpy(zero.reshape(shape)),
+            finite)
+
+
+def faulty_int_quant_f32(x: torch.Tensor, fmt: IntQuant, fault: _FaultBase,
+                         faults: DeviceFaults) -> torch.Tensor:
+    """IntQuant on a float32 tensor (any shape), in float64 as the core computes it.
+
+    ``y = round(x / s) + z`` clamped is every element's code; the faulty
+    elements' codes are faulted as words and written back into ``y``; then
+    ``(y - z) * s`` decodes all at once. A tensor with NaN or inf comes out all NaN.
     """
     if x.numel() == 0:
         return x.clone()
-    calib = calibrate(x, fmt)
     lo, hi = fmt.code_range
     on_cpu = x.device.type == "cpu"
-    finite = bool(calib.finite) if on_cpu else None
-    if finite is False:
-        return torch.full_like(x, math.nan)
-    scale, zero = calib.scale, calib.zero
-    per_tensor = scale.ndim == 0
-    if per_tensor and on_cpu:
-        scale_v: float | torch.Tensor = float(scale)
-        zero_v: int | torch.Tensor = int(zero)
+    if on_cpu:
+        scale, zero, finite = _host_calibration(x, fmt)
+        if not finite:
+            return torch.full_like(x, math.nan)
     else:
-        scale_v, zero_v = scale, zero
+        calib = calibrate(x, fmt)
+        scale, zero, finite = calib.scale, calib.zero, None
     y = x.to(torch.float64)
     if fmt.rounding == "trunc":
-        torch.div(y, scale_v, rounding_mode="trunc", out=y)
+        torch.div(y, scale, rounding_mode="trunc", out=y)
     else:
-        y.div_(scale_v).round_()
+        y.div_(scale).round_()
     if not fmt.symmetric:
-        y.add_(zero_v)
-    if not (fmt.symmetric and finite):  # symmetric + finite: |round(x / s)| <= hi already
+        y.add_(zero)
+    if not (fmt.symmetric and finite):  # symmetric and finite: |round(x / s)| <= hi already
         y.clamp_(lo, hi).nan_to_num_(0.0)
-    faulty = None
+    index = faults.index
     if index.numel():
-        codes = y.reshape(-1).index_select(0, index).to(torch.int64)
-        low = apply_fault((codes + fmt._offset) & fmt.word_mask, masks, fault) & fmt.word_mask
-        stored = _sign_extend(low, fmt.bits) if fmt.codes == "signed" else low
-        q = stored - fmt._offset
-        if per_tensor:
-            faulty = ((q - zero_v).to(torch.float64) * scale_v).to(torch.float32)
+        flat = y.view(-1)
+        codes = flat.index_select(0, index).to(torch.int64)
+        if fmt._offset == 0:  # the stored word is the code's two's complement
+            stored = apply_fault(codes, faults.masks, fault) & fmt.word_mask
         else:
-            s_at = scale.expand(x.shape).reshape(-1).index_select(0, index)
-            z_at = zero.expand(x.shape).reshape(-1).index_select(0, index)
-            faulty = ((q - z_at).to(torch.float64) * s_at).to(torch.float32)
+            stored = apply_fault((codes + fmt._offset) & fmt.word_mask, faults.masks, fault)
+        if fmt.codes == "signed":
+            stored = _sign_extend(stored, fmt.bits)
+        flat.index_copy_(0, index, (stored - fmt._offset).to(torch.float64))
     if not fmt.symmetric:
-        y.sub_(zero_v)  # round(x / s) + z - z: never -0.0
-        y.mul_(scale_v)
-    elif isinstance(scale_v, float):
-        torch.add(_zero(y.device, torch.float64), y, alpha=scale_v, out=y)  # -0.0 -> +0.0
+        y.sub_(zero).mul_(scale)  # a code minus z is an exact integer: never -0.0
+    elif isinstance(scale, float):
+        torch.add(_zero(y.device, torch.float64), y, alpha=scale, out=y)  # -0.0 -> +0.0
     else:
-        y.mul_(scale_v).add_(0.0)  # round() left -0.0 where code 0 decodes to +0.0
+        y.mul_(scale).add_(0.0)  # round() leaves -0.0 where code 0 decodes to +0.0
     out = y.to(torch.float32)
-    if not on_cpu:
+    if finite is None:
         out = torch.where(calib.finite, out, torch.nan)
-    if faulty is not None:
-        out.reshape(-1).index_copy_(0, index, faulty)
     return out
 
 
@@ -408,15 +447,16 @@ def faulty_group(xs: Sequence[torch.Tensor], fmt, fault: _FaultBase, faults: Dev
     if dtype == torch.float32 and _fast_elementwise(fmt):
         flat = torch.cat([x.reshape(-1) for x in xs]) if len(xs) > 1 else xs[0].reshape(-1)
         if isinstance(fmt, FixedPoint):
-            out = faulty_fixed_point_f32(flat, fmt, fault, faults.index, faults.masks)
+            out = faulty_fixed_point_f32(flat, fmt, fault, faults)
         else:
-            out = faulty_float32_f32(flat, fault, faults.index, faults.masks)
-        return [out[o:o + n].view(x.shape) for x, o, n in zip(xs, faults.offsets, faults.sizes)]
+            out = faulty_float32_f32(flat, fault, faults)
+        spans = zip(xs, faults.offsets, faults.sizes, strict=True)
+        return [out[o:o + n].view(x.shape) for x, o, n in spans]
     outs = []
     for i, x in enumerate(xs):
-        index, masks = faults.part(i)
+        part = faults.part(i)
         if dtype == torch.float32 and isinstance(fmt, IntQuant) and not strict:
-            outs.append(faulty_int_quant_f32(x, fmt, fault, index, masks))
+            outs.append(faulty_int_quant_f32(x, fmt, fault, part))
         else:
-            outs.append(faulty_generic(x, fmt, fault, index, masks, strict=strict))
+            outs.append(faulty_generic(x, fmt, fault, part.index, part.masks, strict=strict))
     return outs
