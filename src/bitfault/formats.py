@@ -298,6 +298,8 @@ class IntQuant(_FormatBase):
                             f"got {self.per_channel!r}")
         if self.rounding not in _ROUNDINGS:
             raise ValueError(f"rounding must be one of {_ROUNDINGS}, got {self.rounding!r}")
+        if isinstance(self.per_channel, (np.integer, np.bool_)):  # keep to_dict() JSON-ready
+            object.__setattr__(self, "per_channel", self.per_channel.item())
         if self.codes is None:
             object.__setattr__(self, "codes", "signed" if self.symmetric else "unsigned")
         if self.codes not in _CODES:
