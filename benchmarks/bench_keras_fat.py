@@ -143,6 +143,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--per-round", type=int, default=10)
     parser.add_argument("--quick", action="store_true", help="3 rounds of 2 steps: a smoke run")
+    parser.add_argument("--models", nargs="+", default=["mlp", "cnn"], choices=["mlp", "cnn"])
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.per_round = 3, 2
@@ -155,10 +156,13 @@ def main() -> None:
                "IntQuant(8)": bf.IntQuant(8)}
     print(f"tensorflow {tf.__version__}, keras {keras.__version__}, {args.threads} thread(s), "
           f"batch {BATCH}, ber {BER}, SGD; ratio = fault-aware step / clean step (median of "
-          f"{args.rounds} alternating rounds x {args.per_round} steps; CNN and transient: fewer)")
+          f"{args.rounds} alternating rounds x {args.per_round} steps; CNN: half of each; "
+          f"transient: a third of the rounds)")
     print(f"{'model':5} {'jit':5} {'format':18} {'variant':24} {'clean ms':>9} {'faulty ms':>9} "
           f"{'ratio':>7}")
     for model_name, build in (("MLP", mlp), ("CNN", cnn)):
+        if model_name.lower() not in args.models:
+            continue
         keras.utils.set_random_seed(0)
         base = build()
         x = tf.reshape(images, (BATCH, 784)) if model_name == "MLP" else images
@@ -174,10 +178,12 @@ def main() -> None:
                     "seed transform inline": trainer(SeedTransform(clone(base), fmt), x, y, jit),
                 }
                 for variant, step in variants.items():
-                    rounds = args.rounds
-                    if "transient" in variant or model_name == "CNN":
+                    rounds, per_round = args.rounds, args.per_round
+                    if model_name == "CNN":  # 20x slower steps: fewer, shorter rounds
+                        rounds, per_round = max(3, args.rounds // 2), max(1, args.per_round // 2)
+                    elif "transient" in variant:
                         rounds = max(3, args.rounds // 3)
-                    r, tc, tv = ratio(clean_step, step, rounds, args.per_round)
+                    r, tc, tv = ratio(clean_step, step, rounds, per_round)
                     print(f"{model_name:5} {jit!s:5} {fmt_name:18} {variant:24} {tc:9.2f} "
                           f"{tv:9.2f} {r:7.3f}", flush=True)
 

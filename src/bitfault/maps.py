@@ -16,6 +16,7 @@ number of faults, not of bits. ``count=k`` takes the ``k`` bits hit first.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -25,12 +26,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from numpy.random.bit_generator import ISeedSequence
 
 from bitfault.faults import BitSelection, resolve_bits
 from bitfault.formats import Format
 
 MAP_FILE_VERSION = 1
-_FIRST_CHUNK = 1 << 10
+_FIRST_CHUNK = 1 << 8
+_MAX_BITS = 32
 _MAX_CHUNK = 1 << 20
 
 
@@ -41,16 +44,45 @@ def _popcount(x: np.ndarray) -> np.ndarray:
     return np.unpackbits(x.view(np.uint8).reshape(*x.shape, 4), axis=-1).sum(-1)
 
 
+@functools.lru_cache(maxsize=4096)
 def name_key(name: str) -> tuple[int, ...]:
     """Four 32-bit words from SHA-256 of the tensor name: stable across processes."""
     digest = hashlib.sha256(name.encode("utf-8")).digest()
     return tuple(int.from_bytes(digest[i:i + 4], "little") for i in range(0, 16, 4))
 
 
+class _SeedWords(ISeedSequence):
+    """Hands PCG64 the four 64-bit words SeedSequence made for one bit position."""
+
+    __slots__ = ("words",)
+
+    def __init__(self, words: np.ndarray) -> None:
+        self.words = words
+
+    def generate_state(self, n_words: int, dtype: Any = np.uint32) -> np.ndarray:
+        if np.dtype(dtype) != np.uint64 or n_words > self.words.size:
+            raise ValueError("PCG64 asks for four uint64 words")
+        return self.words[:n_words].copy()
+
+
+@functools.lru_cache(maxsize=4096)
+def _stream_words(seed: int, name: str, step: int | None) -> np.ndarray:
+    """SeedSequence(seed, spawn_key=(name, step)) state: four uint64 words per bit position."""
+    key = (*name_key(name), 0 if step is None else 1, 0 if step is None else int(step))
+    words = np.random.SeedSequence(seed, spawn_key=key).generate_state(4 * _MAX_BITS, np.uint64)
+    words.flags.writeable = False
+    return words
+
+
 def bit_stream(seed: int, name: str, position: int, step: int | None = None) -> np.random.Generator:
-    """The PCG64 stream that places faults on bit ``position`` of tensor ``name``."""
-    key = (*name_key(name), 0 if step is None else 1, 0 if step is None else int(step), position)
-    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=key)))
+    """The PCG64 stream that places faults on bit ``position`` of tensor ``name``.
+
+    One ``SeedSequence`` per (seed, name, step) makes the state of every position's
+    stream (exactly the four words PCG64 would ask it for); building a generator
+    from them costs microseconds instead of a SeedSequence per position.
+    """
+    words = _stream_words(seed, name, step)
+    return np.random.Generator(np.random.PCG64(_SeedWords(words[4 * position:4 * position + 4])))
 
 
 def _hits(n: int, rng: np.random.Generator, horizon: float,
@@ -86,7 +118,7 @@ def _hits(n: int, rng: np.random.Generator, horizon: float,
 def _sorted_unique(e: np.ndarray) -> np.ndarray:
     """Distinct values, sorted (np.unique is far slower on large int arrays in NumPy 2.x)."""
     s = np.sort(e)
-    return s[np.r_[True, s[1:] != s[:-1]]] if s.size else s
+    return s[np.concatenate(([True], s[1:] != s[:-1]))] if s.size else s
 
 
 def _first_hits(e: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

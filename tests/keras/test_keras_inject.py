@@ -164,6 +164,7 @@ def test_map_with_bits_beyond_the_format_is_an_error(mlp) -> None:
         inject(mlp, bf.FaultSpec(format=bf.IntQuant(8), maps={"fc1.weight": fmap}))
 
 
+@pytest.mark.filterwarnings("ignore:Layer InputLayer does not have a `quantize`:UserWarning")
 def test_integer_dtype_variables_are_an_error() -> None:
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name="q")])
     model.quantize("int8")

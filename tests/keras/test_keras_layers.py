@@ -82,6 +82,7 @@ def test_ste_gradient_of_clean_kernel_equals_gradient_of_faulty_kernel(mlp, data
     assert float(tf.reduce_max(tf.abs(grads[0]))) > 0
 
 
+@pytest.mark.filterwarnings("ignore:Gradients do not exist:UserWarning")
 def test_blocked_gradient_freezes_kernels_but_biases_train(mlp, data) -> None:
     x, y = data
     fmodel = inject(mlp, seed_spec(gradient="blocked"))
@@ -123,8 +124,11 @@ def test_keras_file_round_trip_gives_identical_predictions(tmp_path, mlp, data) 
 def test_config_carries_spec_prefix_and_step() -> None:
     spec = seed_spec(persistence="transient")
     layer = FaultyDense(3, spec=spec, name="d", tensor_prefix="block.d")
+    assert layer.step == 0  # transient maps start at step 0, as in bitfault.torch
+    layer.resample(np.int64(4))
     config = layer.get_config()
     assert config["spec"] == spec.to_dict() and config["tensor_prefix"] == "block.d"
+    assert config["step"] == 4
     clone = FaultyLayer.from_config(config)
     assert clone.spec == spec and clone.tensor_prefix == "block.d" and clone.name == "d"
 
@@ -143,12 +147,28 @@ def test_activation_faults_hit_the_layer_output() -> None:
     assert same_bits(out, expected)
 
 
-def test_mixed_precision_policy_keeps_float32_variables() -> None:
-    spec = seed_spec()
-    layer = FaultyDense(4, spec=spec, name="fc", dtype="mixed_float16")
-    out = layer(np.ones((2, 3), np.float32))
-    assert out.dtype == tf.float16
-    assert layer.layer.kernel.dtype == "float32"
+def test_conv_activation_maps_are_per_example_in_channels_first_layout() -> None:
+    fmt = bf.Float("float32")
+    spec = bf.FaultSpec(format=fmt, ber=0.01, seed=8, targets="activations")
+    layer = FaultyLayer(keras.layers.Conv2D(3, 2, name="conv"), spec)
+    x = np.random.default_rng(2).normal(size=(2, 5, 4, 1)).astype(np.float32)
+    out, clean = layer(x).numpy(), layer.layer(x).numpy()  # (N, H, W, C)
+    fmap = layer.maps["conv.output"]
+    assert fmap.shape == (3, 4, 3) and fmap.n_faults > 0  # (C, H, W) of one example
+    per_example = np.broadcast_to(fmap.to_dense(np.uint32), (2, 3, 4, 3))
+    expected = bf.inject(np.ascontiguousarray(clean.transpose(0, 3, 1, 2)), fmt, spec.fault,
+                         bf.FaultMap.from_mask(per_example))
+    assert same_bits(out, expected.transpose(0, 2, 3, 1))
+
+
+def test_mixed_precision_faults_the_float32_kernel_then_casts() -> None:
+    layer = FaultyDense(4, spec=seed_spec(ber=0.05), name="fc", use_bias=False,
+                        dtype="mixed_float16")
+    out = layer(np.eye(3, dtype=np.float32))
+    assert out.dtype == tf.float16 and layer.layer.kernel.dtype == "float32"
+    faulty = layer.faulty_weights()["fc.weight"]
+    assert faulty.dtype == np.float32 and not same_bits(faulty, layer.layer.kernel.numpy())
+    assert np.array_equal(out.numpy(), faulty.astype(np.float16))
 
 
 def test_layer_construction_errors_are_clear() -> None:

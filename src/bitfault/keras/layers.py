@@ -13,6 +13,7 @@ Keras layout, drawn from the NumPy core in PyTorch layout.
 from __future__ import annotations
 
 import functools
+import numbers
 import os
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -57,9 +58,9 @@ def as_spec(spec: Any) -> FaultSpec:
 def _check_step(step: Any) -> int | None:
     if step is None:
         return None
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+    if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
         raise ValueError(f"step must be None or a non-negative integer, got {step!r}")
-    return step
+    return int(step)
 
 
 @functools.lru_cache(maxsize=256)
@@ -86,14 +87,24 @@ def _substituted(pairs: Iterable[tuple[Any, Any]]) -> Iterator[keras.StatelessSc
         yield scope
 
 
+def _read(params: list[tuple[Slot, Any]]) -> tuple[list[tf.Tensor], list[tf.Tensor]]:
+    """The clean float32 values (never autocast, e.g. to float16) and the masks."""
+    from keras.src.backend.common.variables import AutocastScope
+
+    with AutocastScope(None):
+        values = [tf.convert_to_tensor(s.variable.value) for s, _ in params]
+    return values, [tf.convert_to_tensor(m.value) for _, m in params]
+
+
 @keras.saving.register_keras_serializable(package="bitfault")
 class FaultyLayer(keras.layers.Wrapper):
     """Run ``layer`` (Dense, EinsumDense, Conv1D/2D/3D, Embedding) through faulty memory.
 
     ``spec`` says what is faulted and how; tensors are named
     ``"<tensor_prefix>.weight"``, ``".bias"``, ``".output"`` (prefix: the
-    layer's name unless given). ``step`` picks the map of a transient spec
-    (``resample`` changes it). The wrapper takes the inner layer's name.
+    layer's name unless given). ``step`` picks the maps of a transient spec
+    (default 0; ``resample`` changes it). The wrapper takes the inner layer's
+    name and dtype policy.
     """
 
     def __init__(self, layer: keras.layers.Layer, spec: FaultSpec | dict[str, Any],
@@ -109,10 +120,13 @@ class FaultyLayer(keras.layers.Wrapper):
         if tensor_prefix is not None and (not isinstance(tensor_prefix, str) or not tensor_prefix):
             raise ValueError(f"tensor_prefix must be a non-empty string, got {tensor_prefix!r}")
         kwargs.setdefault("name", layer.name)
+        kwargs.setdefault("dtype", layer.dtype_policy)  # no casts around the inner layer
         super().__init__(layer, **kwargs)
         self.spec = spec
         self.tensor_prefix = tensor_prefix or layer.name
         self.step = _check_step(step)
+        if self.step is None and spec.persistence == "transient":
+            self.step = 0  # transient maps start at step 0, as in bitfault.torch
         self._slots: list[Slot] = []
         self._mask_variables: list[Any] = []
         self._maps: dict[str, FaultMap] = {}
@@ -152,8 +166,7 @@ class FaultyLayer(keras.layers.Wrapper):
         pairs = [(s, m) for s, m in zip(self._slots, self._mask_variables, strict=True)]
         params = [(s, m) for s, m in pairs if s.variable is not None]
         if params:
-            values = [tf.convert_to_tensor(s.variable.value) for s, _ in params]
-            masks = [tf.convert_to_tensor(m.value) for _, m in params]
+            values, masks = _read(params)
             faulty = straight_through(self._fused_for([s for s, _ in params]), values, masks,
                                       self.spec.gradient)
             substitutes = [(s.variable, f) for (s, _), f in zip(params, faulty, strict=True)]
@@ -194,8 +207,7 @@ class FaultyLayer(keras.layers.Wrapper):
                   if s.variable is not None]
         if not params:
             return {}
-        values = [tf.convert_to_tensor(s.variable.value) for s, _ in params]
-        masks = [tf.convert_to_tensor(m.value) for _, m in params]
+        values, masks = _read(params)
         out = self._fused_for([s for s, _ in params])(values, masks)
         return {s.name: v.numpy() for (s, _), v in zip(params, out, strict=True)}
 

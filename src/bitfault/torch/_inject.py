@@ -16,6 +16,7 @@ from __future__ import annotations
 import fnmatch
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,24 +36,33 @@ FilterFn = Callable[[nn.Module, str], bool]
 
 # module -> the live handle that injects into it (one handle per module)
 _LIVE: weakref.WeakKeyDictionary[nn.Module, FaultHandle] = weakref.WeakKeyDictionary()
+_DRAWER: ThreadPoolExecutor | None = None
+
+
+def _drawer() -> ThreadPoolExecutor:
+    """One background thread that draws the next transient maps (NumPy, off the GIL often)."""
+    global _DRAWER
+    if _DRAWER is None:
+        _DRAWER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bitfault-maps")
+    return _DRAWER
 
 
 class _StraightThrough(torch.autograd.Function):
-    """Forward: the faulty tensors. Backward: their gradients go to the clean ones as they
-    are ("ste"), or nowhere ("blocked", the seed program's ``stop_gradient``)."""
+    """Forward: the faulty tensors (fresh, computed without autograd). Backward: their
+    gradients go to the clean tensors as they are ("ste"), or nowhere ("blocked", the
+    seed program's ``stop_gradient``)."""
 
     @staticmethod
-    def forward(ctx: Any, blocked: bool, n: int, *tensors: torch.Tensor
-                ) -> tuple[torch.Tensor, ...]:
-        ctx.blocked, ctx.n = blocked, n
-        return tuple(tensors[n:])
+    def forward(ctx: Any, faulty: list[torch.Tensor], blocked: bool,
+                *clean: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ctx.blocked = blocked
+        return tuple(faulty)
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
-        none = (None,) * ctx.n
         if ctx.blocked:
-            return (None, None, *none, *none)
-        return (None, None, *grads, *none)
+            return (None, None, *(None for _ in grads))
+        return (None, None, *grads)
 
 
 def _through(clean: Sequence[torch.Tensor], faulty: Sequence[torch.Tensor],
@@ -60,7 +70,7 @@ def _through(clean: Sequence[torch.Tensor], faulty: Sequence[torch.Tensor],
     """``faulty`` wired into autograd as functions of ``clean`` (when grad is on and needed)."""
     if not faulty or not torch.is_grad_enabled() or not any(t.requires_grad for t in clean):
         return list(faulty)
-    return list(_StraightThrough.apply(blocked, len(clean), *clean, *faulty))
+    return list(_StraightThrough.apply(list(faulty), blocked, *clean))
 
 
 def batch_map(fmap: FaultMap, batch: int) -> FaultMap:
@@ -144,6 +154,7 @@ class FaultHandle:
         self._hooks: list[Any] = []
         self._optimizer_hooks: list[Any] = []
         self._removed = False
+        self._ahead: tuple | None = None  # (spec, step, activation shapes, Future of _draw)
         self.track_activation_stats = False
         self._act_stats: dict[str, InjectionStats] = {}
 
@@ -207,6 +218,7 @@ class FaultHandle:
                             f"{type(optimizer).__name__}")
         self._optimizer_hooks.append(optimizer.register_step_post_hook(
             lambda opt, args, kwargs: self.resample(self._step + 1)))
+        self._set_maps(self.spec, self._step)  # starts drawing the next step's maps
         return self
 
     def stats(self) -> dict[str, InjectionStats]:
@@ -237,6 +249,9 @@ class FaultHandle:
                 del _LIVE[module]
         self._pass = None
         self._faults.clear()
+        if self._ahead is not None:
+            self._ahead[3].cancel()
+            self._ahead = None
         self._removed = True
 
     def __enter__(self) -> FaultHandle:
@@ -256,13 +271,34 @@ class FaultHandle:
         if self._removed:
             raise RuntimeError("this FaultHandle was removed; inject_ again to fault the model")
 
+    def _draw(self, spec: FaultSpec, step: int, act_shapes: dict[str, list[tuple[int, ...]]]
+              ) -> tuple[dict[str, FaultMap], dict[str, dict[tuple[int, ...], FaultMap]]]:
+        """Every map of ``step``: the parameters' and the activations' of the shapes seen."""
+        params = {p.name: spec.map_for(p.name, p.shape, step) for p in self._params}
+        acts = {m: {shape: spec.map_for(_join(m, "output"), shape, step) for shape in shapes}
+                for m, shapes in act_shapes.items()}
+        return params, acts
+
     def _set_maps(self, spec: FaultSpec, step: int) -> None:
-        maps = {p.name: spec.map_for(p.name, p.shape, step) for p in self._params}
-        self.spec, self._step, self._maps = spec, step, maps
-        for by_shape in self._act_maps.values():
+        shapes = {m: list(by_shape) for m, by_shape in self._act_maps.items()}
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] is spec and ahead[1] == step and ahead[2] == shapes:
+            params, acts = ahead[3].result()
+        else:
+            if ahead is not None:
+                ahead[3].cancel()
+            params, acts = self._draw(spec, step, shapes)
+        self.spec, self._step, self._maps = spec, step, params
+        for module, by_shape in self._act_maps.items():
             by_shape.clear()
+            by_shape.update(acts.get(module, {}))
         self._faults.clear()
         self._generation += 1
+        predictable = self._optimizer_hooks or spec.resample == "forward"
+        if spec.persistence == "transient" and predictable:
+            # the next step's maps are known: draw them while the model trains on these
+            self._ahead = (spec, step + 1, shapes,
+                           _drawer().submit(self._draw, spec, step + 1, shapes))
 
     def _device_faults(self, names: tuple[str, ...], maps: Sequence[FaultMap], batch: int,
                        device: torch.device) -> DeviceFaults:

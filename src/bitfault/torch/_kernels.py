@@ -17,6 +17,7 @@ touches only the low ``bits`` bits, so the container width never matters.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from bitfault.maps import FaultMap
 from bitfault.torch._convert import f16_to, f32_to, f64_to, to_f16, to_f32
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_CONTAINERS = {8: torch.int8, 16: torch.int16, 32: torch.int32}
 _ZEROS: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
 
@@ -103,6 +105,15 @@ class DeviceFaults:
                    torch.from_numpy(masks.astype(np.uint32).view(np.int32)).to(device),
                    tuple(offsets), tuple(sizes), tuple(spans))
 
+    def masks_as(self, dtype: torch.dtype) -> torch.Tensor:
+        """The masks in a narrower signed container (same low bits), cached."""
+        if dtype == torch.int32:
+            return self.masks32
+        cache = self.__dict__.setdefault("_narrow", {})
+        if dtype not in cache:
+            cache[dtype] = self.masks32.to(dtype)  # wraps: keeps the low bits
+        return cache[dtype]
+
     def part(self, i: int) -> DeviceFaults:
         """The faults of tensor ``i`` alone (indices relative to it)."""
         if len(self.sizes) == 1:
@@ -116,6 +127,15 @@ class DeviceFaults:
     @property
     def count(self) -> int:
         return int(self.index.numel())
+
+
+def apply_fault_(words: torch.Tensor, masks: torch.Tensor, fault: _FaultBase) -> torch.Tensor:
+    """``apply_fault`` in place on ``words`` (a scratch tensor of the caller's)."""
+    if isinstance(fault, BitFlip):
+        return words.bitwise_xor_(masks)
+    if isinstance(fault, StuckAt):
+        return words.bitwise_or_(masks) if fault.value == 1 else words.bitwise_and_(~masks)
+    raise TypeError(f"fault must be BitFlip() or StuckAt(0|1), got {fault!r}")
 
 
 def apply_fault(words: torch.Tensor, masks: torch.Tensor, fault: _FaultBase) -> torch.Tensor:
@@ -272,7 +292,7 @@ def faulty_generic(x: torch.Tensor, fmt, fault: _FaultBase, index: torch.Tensor,
     words, _ = encode(x, fmt, calib)
     flat = words.reshape(-1)
     if index.numel():
-        flat[index] = apply_fault(flat[index], masks, fault)
+        flat.scatter_(0, index, apply_fault(flat.index_select(0, index), masks, fault))
     out = decode(words, fmt, calib, x.dtype)
     if calib is not None and not strict:
         out = torch.where(calib.finite, out, torch.nan)
@@ -281,16 +301,18 @@ def faulty_generic(x: torch.Tensor, fmt, fault: _FaultBase, index: torch.Tensor,
 
 # ---- float32 fast paths --------------------------------------------------------------------
 
-def _hi_float32(hi: int) -> tuple[float, float]:
-    """float32(hi) (rounded to nearest) and the largest float32 <= hi."""
+@functools.lru_cache(maxsize=64)
+def _fixed_point_consts(fmt: FixedPoint) -> tuple[int, int, float, float, float, float]:
+    """lo, hi, 2**frac, 2**-frac, float32(hi) (rounded to nearest), the largest float32 <= hi."""
+    lo, hi = fmt.code_range
     hi32 = float(np.float32(hi))
     below = hi32 if hi32 <= hi else float(np.nextafter(np.float32(hi32), np.float32(0)))
-    return hi32, below
+    return lo, hi, 2.0**fmt.frac, 2.0**-fmt.frac, hi32, below
 
 
-def faulty_fixed_point_f32(x: torch.Tensor, fmt: FixedPoint, fault: _FaultBase,
+def faulty_fixed_point_f32(xs: Sequence[torch.Tensor], fmt: FixedPoint, fault: _FaultBase,
                            faults: DeviceFaults) -> torch.Tensor:
-    """FixedPoint (overflow "saturate") on a flat float32 tensor.
+    """FixedPoint (overflow "saturate") on float32 tensors, into one flat float32 tensor.
 
     Every element: ``t = clamp(round(x * 2**f), lo, float32(hi))`` in float32 is
     its code (exact: scaling by a power of two is exact and a rounded float32 is
@@ -299,32 +321,35 @@ def faulty_fixed_point_f32(x: torch.Tensor, fmt: FixedPoint, fault: _FaultBase,
     rounding, as the core's decode). Last, ``t = 0 + t * 2**-f`` decodes all at
     once and turns the -0.0 of rounding into the +0.0 that code 0 decodes to.
     """
-    lo, hi = fmt.code_range
-    up, down = 2.0**fmt.frac, 2.0**-fmt.frac
-    hi32, below = _hi_float32(hi)
+    lo, hi, up, down, hi32, below = _fixed_point_consts(fmt)
+    dev = xs[0].device
+    t = torch.empty(sum(faults.sizes), dtype=torch.float32, device=dev)
+    for x, o, n in zip(xs, faults.offsets, faults.sizes, strict=True):
+        if fmt.rounding == "trunc":  # each tensor rounded straight into its slice
+            torch.div(x.reshape(-1), down, rounding_mode="trunc", out=t[o:o + n])
+        else:
+            torch.mul(x.reshape(-1), up, out=t[o:o + n])
+    if fmt.rounding == "nearest":
+        t.round_()
     in_range = False
-    if x.device.type == "cpu" and x.numel():  # a free host check lets clean tensors skip clamping
-        mn, mx = (float(v) for v in torch.aminmax(x))
-        in_range = mn * up >= lo and mx * up <= below  # False for NaN
-    if fmt.rounding == "trunc":
-        t = torch.div(x, down, rounding_mode="trunc")
-    else:
-        t = torch.mul(x, up).round_()
+    if dev.type == "cpu" and t.numel():  # a free host check lets clean tensors skip clamping
+        mn, mx = (float(v) for v in torch.aminmax(t))
+        in_range = mn >= lo and mx <= below  # False for NaN
     if not in_range:
         t.clamp_(float(lo), hi32).nan_to_num_(0.0)
     index = faults.index
     if index.numel():
         codes = t.index_select(0, index)
         if in_range:  # codes fit int32
-            words = apply_fault(codes.to(torch.int32), faults.masks32, fault)
-            words = _sign_extend32(words, fmt.bits)
+            words = _sign_extend32(apply_fault_(codes.to(torch.int32), faults.masks32, fault),
+                                   fmt.bits)
         else:
             words = codes.to(torch.int64)
             if hi32 > hi:
                 words.clamp_(max=hi)
             words = _sign_extend(apply_fault(words, faults.masks, fault), fmt.bits)
-        t.index_copy_(0, index, words.to(torch.float32))
-    return torch.add(_zero(t.device), t, alpha=down, out=t)
+        t.scatter_(0, index, words.to(torch.float32))
+    return torch.add(_zero(dev), t, alpha=down, out=t)
 
 
 def faulty_float32_f32(x: torch.Tensor, fault: _FaultBase, faults: DeviceFaults) -> torch.Tensor:
@@ -333,7 +358,7 @@ def faulty_float32_f32(x: torch.Tensor, fault: _FaultBase, faults: DeviceFaults)
     if faults.index.numel():
         bits = out.view(torch.int32)
         words = bits.index_select(0, faults.index)
-        bits.index_copy_(0, faults.index, apply_fault(words, faults.masks32, fault))
+        bits.scatter_(0, faults.index, apply_fault(words, faults.masks32, fault))
     return out
 
 
@@ -341,24 +366,30 @@ def _host_calibration(x: torch.Tensor, fmt: IntQuant
                       ) -> tuple[float | torch.Tensor, int | torch.Tensor, bool]:
     """``IntQuant.calibrate`` for a CPU tensor: the same float64 arithmetic, on the host.
 
-    Returns (scale, zero, finite): Python numbers for one scale per tensor,
+    Returns (scale, zero, finite): Python numbers for one scale per tensor (Python
+    floats are IEEE doubles, ``round`` is half to even like ``np.rint``),
     broadcastable tensors per channel.
     """
     lo, hi = fmt.code_range
     dims = fmt._reduce_axes(x.ndim)
     if dims is None:
         mn_t, mx_t = torch.aminmax(x)
-        mn = np.float64(mn_t.item())
-        mx = np.float64(mx_t.item())
-        shape = None
-    else:
-        axis = next(d for d in range(x.ndim) if d not in dims)
-        mn_t, mx_t = torch.aminmax(x.movedim(axis, 0).reshape(x.shape[axis], -1), dim=1)
-        mn, mx = mn_t.numpy().astype(np.float64), mx_t.numpy().astype(np.float64)
-        shape = [1] * x.ndim
-        shape[axis] = x.shape[axis]
-    finite = bool(np.isfinite(mn).all() and np.isfinite(mx).all())
-    if fmt.symmetric:  # the core's formulas, on the (per channel) extremes
+        mn, mx = mn_t.item(), mx_t.item()
+        if not (math.isfinite(mn) and math.isfinite(mx)):
+            return 1.0, 0, False
+        if fmt.symmetric:
+            scale, zero = max(-mn, mx) / hi, 0
+        else:
+            xmin, xmax = min(mn, 0.0), max(mx, 0.0)
+            scale = (xmax - xmin) / (hi - lo)
+            zero = min(max(round(lo - xmin / (scale if scale > 0 else 1.0)), lo), hi)
+        return (scale if scale > 0 else 1.0), zero, True
+    axis = next(d for d in range(x.ndim) if d not in dims)
+    mn_t, mx_t = torch.aminmax(x.movedim(axis, 0).reshape(x.shape[axis], -1), dim=1)
+    mn, mx = mn_t.numpy().astype(np.float64), mx_t.numpy().astype(np.float64)
+    if not (np.isfinite(mn).all() and np.isfinite(mx).all()):
+        return 1.0, 0, False
+    if fmt.symmetric:  # the core's formulas, on the per-channel extremes
         scale = np.maximum(-mn, mx) / hi
         zero = np.zeros_like(scale, dtype=np.int64)
     else:
@@ -366,62 +397,94 @@ def _host_calibration(x: torch.Tensor, fmt: IntQuant
         scale = (xmax - xmin) / (hi - lo)
         safe = np.where(scale > 0, scale, 1.0)
         zero = np.clip(np.rint(lo - xmin / safe), lo, hi).astype(np.int64)
-    scale = np.where(scale > 0, scale, 1.0)
-    if shape is None:
-        return float(scale), int(zero), finite
-    return (torch.from_numpy(scale.reshape(shape)), torch.from_numpy(zero.reshape(shape)),
-            finite)
+    shape = [1] * x.ndim
+    shape[axis] = x.shape[axis]
+    scale = np.where(scale > 0, scale, 1.0).reshape(shape)
+    return torch.from_numpy(scale), torch.from_numpy(zero.reshape(shape)), True
 
 
-def faulty_int_quant_f32(x: torch.Tensor, fmt: IntQuant, fault: _FaultBase,
-                         faults: DeviceFaults) -> torch.Tensor:
-    """IntQuant on a float32 tensor (any shape), in float64 as the core computes it.
+def faulty_int_quant_f32(xs: Sequence[torch.Tensor], fmt: IntQuant, fault: _FaultBase,
+                         faults: DeviceFaults) -> list[torch.Tensor]:
+    """IntQuant on float32 tensors, in float64 as the core computes it, as one flat pass.
 
-    ``y = round(x / s) + z`` clamped is every element's code; the faulty
-    elements' codes are faulted as words and written back into ``y``; then
-    ``(y - z) * s`` decodes all at once. A tensor with NaN or inf comes out all NaN.
+    Per tensor (its own scale ``s`` and zero point ``z``): ``y = round(x / s) + z``,
+    clamped, is every element's code. The faulty elements' codes are faulted as
+    words and written back into ``y``; then ``(y - z) * s`` decodes all at once.
+    A tensor with NaN or inf comes out all NaN.
     """
-    if x.numel() == 0:
-        return x.clone()
     lo, hi = fmt.code_range
-    on_cpu = x.device.type == "cpu"
-    if on_cpu:
-        scale, zero, finite = _host_calibration(x, fmt)
-        if not finite:
-            return torch.full_like(x, math.nan)
-    else:
-        calib = calibrate(x, fmt)
-        scale, zero, finite = calib.scale, calib.zero, None
-    y = x.to(torch.float64)
-    if fmt.rounding == "trunc":
-        torch.div(y, scale, rounding_mode="trunc", out=y)
-    else:
-        y.div_(scale).round_()
-    if not fmt.symmetric:
-        y.add_(zero)
-    if not (fmt.symmetric and finite):  # symmetric and finite: |round(x / s)| <= hi already
+    dev = xs[0].device
+    on_cpu = dev.type == "cpu"
+    y = torch.empty(sum(faults.sizes), dtype=torch.float64, device=dev)
+    parts, calibs, poisoned = [], [], []
+    clamp = not fmt.symmetric or not on_cpu
+    for i, x in enumerate(xs):
+        part = y[faults.offsets[i]:faults.offsets[i] + faults.sizes[i]].view(x.shape)
+        parts.append(part)
+        if x.numel() == 0:
+            calibs.append((1.0, 0, None))
+            continue
+        if on_cpu:
+            scale, zero, finite = _host_calibration(x, fmt)
+            if not finite:
+                poisoned.append(i)
+                clamp = True
+            calibs.append((scale, zero, None))
+        else:
+            c = calibrate(x, fmt)
+            scale, zero = c.scale, c.zero
+            calibs.append((scale, zero, c.finite))
+        part.copy_(x)
+        if fmt.rounding == "trunc":
+            torch.div(part, scale, rounding_mode="trunc", out=part)
+        else:
+            part.div_(scale)
+        if not fmt.symmetric:  # round first, then add z, as the core does
+            if fmt.rounding == "nearest":
+                part.round_()
+            part.add_(zero)
+    if fmt.rounding == "nearest" and fmt.symmetric:
+        y.round_()
+    if clamp:  # symmetric and finite: |round(x / s)| <= hi already
         y.clamp_(lo, hi).nan_to_num_(0.0)
     index = faults.index
     if index.numel():
-        flat = y.view(-1)
-        codes = flat.index_select(0, index).to(torch.int64)
+        codes = y.index_select(0, index)
+        container = _CONTAINERS.get(fmt.bits)
+        if container is not None and fmt._offset == 0 and fmt.codes == "signed":
+            # the stored word is the code's two's complement in a container of exactly
+            # ``bits``: the wrapping cast is the sign extension
+            words = apply_fault_(codes.to(container), faults.masks_as(container), fault)
+            y.scatter_(0, index, words.to(torch.float64))
+            codes = None
+        else:
+            codes = codes.to(torch.int64)
+    if index.numel() and codes is not None:
         if fmt._offset == 0:  # the stored word is the code's two's complement
             stored = apply_fault(codes, faults.masks, fault) & fmt.word_mask
         else:
             stored = apply_fault((codes + fmt._offset) & fmt.word_mask, faults.masks, fault)
         if fmt.codes == "signed":
             stored = _sign_extend(stored, fmt.bits)
-        flat.index_copy_(0, index, (stored - fmt._offset).to(torch.float64))
-    if not fmt.symmetric:
-        y.sub_(zero).mul_(scale)  # a code minus z is an exact integer: never -0.0
-    elif isinstance(scale, float):
-        torch.add(_zero(y.device, torch.float64), y, alpha=scale, out=y)  # -0.0 -> +0.0
-    else:
-        y.mul_(scale).add_(0.0)  # round() leaves -0.0 where code 0 decodes to +0.0
+        y.scatter_(0, index, (stored - fmt._offset).to(torch.float64))
+    zero64 = _zero(dev, torch.float64)
+    for part, (scale, zero, _) in zip(parts, calibs, strict=True):
+        if not fmt.symmetric:
+            part.sub_(zero).mul_(scale)  # a code minus z is an exact integer: never -0.0
+        elif isinstance(scale, float):
+            torch.add(zero64, part, alpha=scale, out=part)  # -0.0 -> +0.0
+        else:
+            part.mul_(scale).add_(0.0)  # round() leaves -0.0 where code 0 decodes to +0.0
     out = y.to(torch.float32)
-    if finite is None:
-        out = torch.where(calib.finite, out, torch.nan)
-    return out
+    outs = []
+    for i, (x, (_, _, finite)) in enumerate(zip(xs, calibs, strict=True)):
+        o = out[faults.offsets[i]:faults.offsets[i] + faults.sizes[i]].view(x.shape)
+        if i in poisoned:
+            o.fill_(math.nan)
+        elif finite is not None:
+            o = torch.where(finite, o, math.nan)
+        outs.append(o)
+    return outs
 
 
 # ---- entry point --------------------------------------------------------------------------
@@ -445,18 +508,17 @@ def faulty_group(xs: Sequence[torch.Tensor], fmt, fault: _FaultBase, faults: Dev
         outs = faulty_group([x.to(torch.float32) for x in xs], fmt, fault, faults, strict)
         return [o.to(torch.bfloat16) for o in outs]
     if dtype == torch.float32 and _fast_elementwise(fmt):
-        flat = torch.cat([x.reshape(-1) for x in xs]) if len(xs) > 1 else xs[0].reshape(-1)
         if isinstance(fmt, FixedPoint):
-            out = faulty_fixed_point_f32(flat, fmt, fault, faults)
+            out = faulty_fixed_point_f32(xs, fmt, fault, faults)
         else:
+            flat = torch.cat([x.reshape(-1) for x in xs]) if len(xs) > 1 else xs[0].reshape(-1)
             out = faulty_float32_f32(flat, fault, faults)
         spans = zip(xs, faults.offsets, faults.sizes, strict=True)
         return [out[o:o + n].view(x.shape) for x, o, n in spans]
+    if dtype == torch.float32 and isinstance(fmt, IntQuant) and not strict:
+        return faulty_int_quant_f32(xs, fmt, fault, faults)
     outs = []
     for i, x in enumerate(xs):
         part = faults.part(i)
-        if dtype == torch.float32 and isinstance(fmt, IntQuant) and not strict:
-            outs.append(faulty_int_quant_f32(x, fmt, fault, part))
-        else:
-            outs.append(faulty_generic(x, fmt, fault, part.index, part.masks, strict=strict))
+        outs.append(faulty_generic(x, fmt, fault, part.index, part.masks, strict=strict))
     return outs
