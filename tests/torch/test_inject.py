@@ -405,3 +405,13 @@ def test_integer_activation_is_refused_at_forward():
     inject_(model, _spec(targets=("activations",)))
     with pytest.raises(TypeError, match="int64"):
         model(torch.randn(2, 4))
+
+
+def test_a_deepcopy_is_faulted_alike_until_remove():
+    model = mlp()
+    handle = inject_(model, _spec(targets=("weights", "activations")))
+    twin = copy.deepcopy(model)
+    x = torch.randn(3, 20)
+    assert bits_equal(twin(x), model(x))
+    handle.remove()
+    assert bits_equal(twin(x), mlp()(x))  # the copied hooks went inert

@@ -349,6 +349,8 @@ class FaultHandle:
         return out
 
     def _root_pre(self, root: nn.Module, args: Any) -> None:
+        if self._removed:  # hooks that a deepcopy of the model carried along
+            return
         if self._depth == 0:
             if self.spec.persistence == "transient" and self.spec.resample == "forward":
                 if self._forwards != self._step:
@@ -367,6 +369,8 @@ class FaultHandle:
 
     def _module_pre(self, fqn: str, attrs: tuple[tuple[str, str], ...], module: nn.Module,
                     args: Any) -> None:
+        if self._removed:
+            return
         in_pass = self._pass is not None and (
             module is self._modules[fqn] if self._pass_root is self._model else True)
         missing = []
@@ -387,7 +391,7 @@ class FaultHandle:
                      module: nn.Module, args: Any, output: Any) -> Any:
         for attr, _ in attrs:
             module.__dict__.pop(attr, None)
-        if not activation or output is None:
+        if not activation or output is None or self._removed:
             return None
         return self._fault_activation(fqn, output)
 
