@@ -23,11 +23,11 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import keras
 import numpy as np
 import tensorflow as tf
 
 import bitfault as bf
-import keras
 from bitfault.keras import inject, resample
 
 BATCH = 100

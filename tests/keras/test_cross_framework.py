@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import keras
 import numpy as np
 import pytest
 
 import bitfault as bf
-import keras
 from bitfault.keras import fault_maps, faulty_layers, inject
 
 torch = pytest.importorskip("torch")

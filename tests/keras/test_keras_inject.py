@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import bitfault as bf
-import keras
 from bitfault.keras import FaultyLayer, fault_maps, faulty_layers, inject
 
 SPEC = bf.FaultSpec(format=bf.FixedPoint(32, 28, "trunc"), ber=0.02, seed=5,

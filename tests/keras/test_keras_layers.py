@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import bitfault as bf
-import keras
 from bitfault.keras import FaultyDense, FaultyLayer, fault_maps, inject
 
 SEED_FORMAT = bf.FixedPoint(32, 28, rounding="trunc")

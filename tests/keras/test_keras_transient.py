@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import keras
 import numpy as np
 import pytest
 
 import bitfault as bf
-import keras
 from bitfault.keras import ResampleFaults, fault_maps, inject, resample
 
 TRANSIENT = bf.FaultSpec(format=bf.FixedPoint(16, 12), ber=0.01, seed=2,

@@ -19,9 +19,9 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import keras
 import tensorflow as tf
 
-import keras
 from bitfault.faults import FaultModel
 from bitfault.formats import Format, IntQuant
 from bitfault.keras.layouts import (

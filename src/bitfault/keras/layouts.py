@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import keras
 import numpy as np
 
-import keras
 from bitfault.formats import IntQuant
 from bitfault.maps import FaultMap
 from bitfault.spec import FaultSpec
