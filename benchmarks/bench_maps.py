@@ -36,7 +36,8 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def alternate(a: Callable[[], object], b: Callable[[], object], repeats: int) -> tuple[float, float]:
+def alternate(a: Callable[[], object], b: Callable[[], object],
+              repeats: int) -> tuple[float, float]:
     """Median times of a and b, run alternately so that machine noise hits both alike."""
     ta, tb = [], []
     for _ in range(repeats):

@@ -19,13 +19,13 @@ from __future__ import annotations
 import argparse
 import time
 
-import bitfault as bf
 import torch
+import torch.nn.functional as F
+
+import bitfault as bf
 from bitfault.data import split_embedded_mnist
 from bitfault.models.torch import SeedMLP
 from bitfault.torch import inject_
-
-F = torch.nn.functional
 
 FORMATS = {
     "fixed": lambda: bf.FixedPoint(32, 28, rounding="trunc"),  # the seed's int32(w * 2**28)

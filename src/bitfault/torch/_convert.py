@@ -12,6 +12,12 @@ from __future__ import annotations
 import torch
 
 _F16_EXP = 0x7C00
+
+
+def _none(mask: torch.Tensor) -> bool:
+    """True when no element is set, checked only where it is free (on the CPU); elsewhere
+    the callers just apply their fix to every element instead of syncing the device."""
+    return mask.device.type == "cpu" and not bool(mask.any())
 _F32_EXP = 0x7F800000
 _SIGN64 = -(1 << 63)  # 0x8000000000000000 as an int64
 
@@ -27,7 +33,7 @@ def f32_to_f16(x: torch.Tensor) -> torch.Tensor:
     """float32 -> float16, round to nearest even; NaNs keep their top payload bits."""
     out = x.to(torch.float16)
     nan = torch.isnan(x)
-    if not bool(nan.any()):
+    if _none(nan):
         return out
     bits = x.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
     h = f16_nan_from_sig((bits >> 16) & 0x8000, (bits & 0x7FFFFF) >> 13)
@@ -38,7 +44,7 @@ def f16_to_f32(h: torch.Tensor) -> torch.Tensor:
     """float16 -> float32, exact; signalling NaNs stay signalling."""
     out = h.to(torch.float32)
     nan = torch.isnan(h)
-    if not bool(nan.any()):
+    if _none(nan):
         return out
     hb = h.view(torch.int16).to(torch.int64) & 0xFFFF
     fb = ((hb & 0x8000) << 16) | _F32_EXP | ((hb & 0x3FF) << 13)
@@ -50,7 +56,7 @@ def f16_to_f64(h: torch.Tensor) -> torch.Tensor:
     """float16 -> float64, exact; signalling NaNs stay signalling."""
     out = h.to(torch.float64)
     nan = torch.isnan(h)
-    if not bool(nan.any()):
+    if _none(nan):
         return out
     hb = h.view(torch.int16).to(torch.int64) & 0xFFFF
     sign = torch.where((hb & 0x8000) != 0, _SIGN64, 0)
@@ -67,13 +73,13 @@ def f64_to_f16(d: torch.Tensor) -> torch.Tensor:
     f = d.to(torch.float32)
     back = f.to(torch.float64)
     inexact = (back != d) & torch.isfinite(back)
-    if bool(inexact.any()):
+    if not _none(inexact):
         bits = f.view(torch.int32)
         toward_zero = bits - (back.abs() > d.abs()).to(torch.int32)  # magnitude down one ulp
         f = torch.where(inexact, toward_zero | 1, bits).view(torch.float32)
     out = f.to(torch.float16)
     nan = torch.isnan(d)
-    if not bool(nan.any()):
+    if _none(nan):
         return out
     db = d.view(torch.int64)
     sign = torch.where(db < 0, 0x8000, 0)

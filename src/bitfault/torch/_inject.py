@@ -16,18 +16,17 @@ from __future__ import annotations
 import fnmatch
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
 import torch
+from torch import nn
+
 from bitfault.inject import InjectionStats, check_map_fits, inject_with_stats
 from bitfault.maps import FaultMap
 from bitfault.spec import FaultSpec
 from bitfault.torch._kernels import DeviceFaults, check_float_dtype, faulty_group
-from torch import nn
 
 DEFAULT_MODULES: tuple[type[nn.Module], ...] = (
     nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Embedding)
@@ -36,15 +35,6 @@ FilterFn = Callable[[nn.Module, str], bool]
 
 # module -> the live handle that injects into it (one handle per module)
 _LIVE: weakref.WeakKeyDictionary[nn.Module, FaultHandle] = weakref.WeakKeyDictionary()
-_DRAWER: ThreadPoolExecutor | None = None
-
-
-def _drawer() -> ThreadPoolExecutor:
-    """One background thread that draws the next transient maps (NumPy, off the GIL often)."""
-    global _DRAWER
-    if _DRAWER is None:
-        _DRAWER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bitfault-maps")
-    return _DRAWER
 
 
 class _StraightThrough(torch.autograd.Function):
@@ -146,7 +136,6 @@ class FaultHandle:
         self._act_maps: dict[str, dict[tuple[int, ...], FaultMap]] = {a: {} for a in activations}
         self._step = 0
         self._forwards = 0
-        self._generation = 0
         self._faults: dict[tuple, DeviceFaults] = {}
         self._pass: dict[str, torch.Tensor] | None = None
         self._pass_root: nn.Module | None = None
@@ -154,7 +143,6 @@ class FaultHandle:
         self._hooks: list[Any] = []
         self._optimizer_hooks: list[Any] = []
         self._removed = False
-        self._ahead: tuple | None = None  # (spec, step, activation shapes, Future of _draw)
         self.track_activation_stats = False
         self._act_stats: dict[str, InjectionStats] = {}
 
@@ -218,7 +206,6 @@ class FaultHandle:
                             f"{type(optimizer).__name__}")
         self._optimizer_hooks.append(optimizer.register_step_post_hook(
             lambda opt, args, kwargs: self.resample(self._step + 1)))
-        self._set_maps(self.spec, self._step)  # starts drawing the next step's maps
         return self
 
     def stats(self) -> dict[str, InjectionStats]:
@@ -249,9 +236,6 @@ class FaultHandle:
                 del _LIVE[module]
         self._pass = None
         self._faults.clear()
-        if self._ahead is not None:
-            self._ahead[3].cancel()
-            self._ahead = None
         self._removed = True
 
     def __enter__(self) -> FaultHandle:
@@ -271,34 +255,13 @@ class FaultHandle:
         if self._removed:
             raise RuntimeError("this FaultHandle was removed; inject_ again to fault the model")
 
-    def _draw(self, spec: FaultSpec, step: int, act_shapes: dict[str, list[tuple[int, ...]]]
-              ) -> tuple[dict[str, FaultMap], dict[str, dict[tuple[int, ...], FaultMap]]]:
-        """Every map of ``step``: the parameters' and the activations' of the shapes seen."""
-        params = {p.name: spec.map_for(p.name, p.shape, step) for p in self._params}
-        acts = {m: {shape: spec.map_for(_join(m, "output"), shape, step) for shape in shapes}
-                for m, shapes in act_shapes.items()}
-        return params, acts
-
     def _set_maps(self, spec: FaultSpec, step: int) -> None:
-        shapes = {m: list(by_shape) for m, by_shape in self._act_maps.items()}
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None and ahead[0] is spec and ahead[1] == step and ahead[2] == shapes:
-            params, acts = ahead[3].result()
-        else:
-            if ahead is not None:
-                ahead[3].cancel()
-            params, acts = self._draw(spec, step, shapes)
-        self.spec, self._step, self._maps = spec, step, params
-        for module, by_shape in self._act_maps.items():
+        """Use ``spec``'s maps of ``step``; activation maps follow at the next forward."""
+        self._maps = {p.name: spec.map_for(p.name, p.shape, step) for p in self._params}
+        self.spec, self._step = spec, step
+        for by_shape in self._act_maps.values():
             by_shape.clear()
-            by_shape.update(acts.get(module, {}))
         self._faults.clear()
-        self._generation += 1
-        predictable = self._optimizer_hooks or spec.resample == "forward"
-        if spec.persistence == "transient" and predictable:
-            # the next step's maps are known: draw them while the model trains on these
-            self._ahead = (spec, step + 1, shapes,
-                           _drawer().submit(self._draw, spec, step + 1, shapes))
 
     def _device_faults(self, names: tuple[str, ...], maps: Sequence[FaultMap], batch: int,
                        device: torch.device) -> DeviceFaults:
@@ -505,7 +468,7 @@ def inject_(model: nn.Module, spec: FaultSpec | Mapping[str, Any],
         if attrs or activation:
             handle._hooks.append(module.register_forward_hook(
                 _bind(handle._module_post, fqn, attrs, activation), always_call=True))
-        _LIVE[module] = handle
+            _LIVE[module] = handle
     handle._hooks.append(model.register_forward_hook(handle._root_post, always_call=True))
     return handle
 

@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-
 import torch
+
 from bitfault.faults import BitFlip, StuckAt, _FaultBase
 from bitfault.formats import FixedPoint, Float, IntQuant
 from bitfault.maps import FaultMap
@@ -99,8 +99,7 @@ class DeviceFaults:
             offset += fmap.size
         index = np.concatenate(idx_parts) if idx_parts else np.zeros(0, np.int64)
         masks = np.concatenate(mask_parts) if mask_parts else np.zeros(0, np.int64)
-        masks = masks.astype(np.int64)
-        return cls(torch.from_numpy(index.astype(np.int64)).to(device),
+        return cls(torch.from_numpy(index.astype(np.int64, copy=False)).to(device),
                    torch.from_numpy(masks).to(device),
                    torch.from_numpy(masks.astype(np.uint32).view(np.int32)).to(device),
                    tuple(offsets), tuple(sizes), tuple(spans))
@@ -123,10 +122,6 @@ class DeviceFaults:
         return DeviceFaults(index - self.offsets[i] if self.offsets[i] else index,
                             self.masks[a:b], self.masks32[a:b], (0,), (self.sizes[i],),
                             ((0, b - a),))
-
-    @property
-    def count(self) -> int:
-        return int(self.index.numel())
 
 
 def apply_fault_(words: torch.Tensor, masks: torch.Tensor, fault: _FaultBase) -> torch.Tensor:
@@ -203,17 +198,16 @@ def _first_bad(bad: torch.Tensor, x: torch.Tensor) -> tuple[tuple[int, ...], flo
 
 
 def _to_int_range(y: torch.Tensor, lo: int, hi: int, overflow: str, x: torch.Tensor,
-                  what: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The core's ``_to_int_range`` on float64 tensors: (int64 codes, saturated count)."""
-    bad = ~torch.isfinite(y) | (y < lo) | (y > hi)
-    n_bad = bad.sum()
+                  what: str) -> torch.Tensor:
+    """The core's ``_to_int_range`` on float64 tensors: int64 codes in [lo, hi]."""
     if overflow == "error":
-        if bool(n_bad):
+        bad = ~torch.isfinite(y) | (y < lo) | (y > hi)
+        if bool(bad.any()):
             index, value = _first_bad(bad, x)
             raise ValueError(
                 f"{what}: value {value!r} at index {index} is NaN, infinite or outside the "
                 f"representable range (overflow='error'; use 'saturate' or 'wrap' to map it)")
-        return y.to(torch.int64), n_bad
+        return y.to(torch.int64)
     y = torch.nan_to_num(y, nan=0.0, posinf=math.inf, neginf=-math.inf)
     if overflow == "wrap":
         span = float(hi - lo + 1)
@@ -221,35 +215,32 @@ def _to_int_range(y: torch.Tensor, lo: int, hi: int, overflow: str, x: torch.Ten
         wrapped = torch.fmod(torch.where(fin, y, 0.0) - lo, span)
         wrapped = torch.where(wrapped < 0, wrapped + span, wrapped) + lo
         y = torch.where(fin, wrapped, y)
-    return y.clamp(lo, hi).to(torch.int64), n_bad
+    return y.clamp(lo, hi).to(torch.int64)
 
 
-def encode(x: torch.Tensor, fmt, calib: Calibration | None = None
-           ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Words (int64 bit patterns in the low ``fmt.bits`` bits) and the saturated count."""
+def encode(x: torch.Tensor, fmt, calib: Calibration | None = None) -> torch.Tensor:
+    """Words: int64 tensors holding the stored bit patterns in the low ``fmt.bits`` bits."""
     if isinstance(fmt, FixedPoint):
         y = _round(x.to(torch.float64) * 2.0**fmt.frac, fmt.rounding)
         lo, hi = fmt.code_range
-        codes, n_bad = _to_int_range(y, lo, hi, fmt.overflow, x, f"FixedPoint{fmt._q()}")
-        return codes & fmt.word_mask, n_bad
+        return _to_int_range(y, lo, hi, fmt.overflow, x, f"FixedPoint{fmt._q()}") & fmt.word_mask
     if isinstance(fmt, IntQuant):
         if calib is None:
             raise ValueError("IntQuant needs a calibration (scale and zero point)")
         y = _round(x.to(torch.float64) / calib.scale, fmt.rounding) + calib.zero
         lo, hi = fmt.code_range
-        codes, n_bad = _to_int_range(y, lo, hi, "saturate", x, "IntQuant")
-        return (codes + fmt._offset) & fmt.word_mask, n_bad
+        codes = _to_int_range(y, lo, hi, "saturate", x, "IntQuant")
+        return (codes + fmt._offset) & fmt.word_mask
     if isinstance(fmt, Float):
-        zero = torch.zeros((), dtype=torch.int64, device=x.device)
         if fmt.dtype == "float16":
-            return to_f16(x).view(torch.int16).to(torch.int64) & 0xFFFF, zero
+            return to_f16(x).view(torch.int16).to(torch.int64) & 0xFFFF
         f = to_f32(x)
         u = f.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
         if fmt.dtype == "float32":
-            return u, zero
+            return u
         rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
         top = torch.where(torch.isnan(f), (u >> 16) | 0x0040, rounded)
-        return top & 0xFFFF, zero
+        return top & 0xFFFF
     raise TypeError(f"fmt must be FixedPoint, IntQuant or Float, got {fmt!r}")
 
 
@@ -289,7 +280,7 @@ def faulty_generic(x: torch.Tensor, fmt, fault: _FaultBase, index: torch.Tensor,
         index_, value = _first_bad(~torch.isfinite(x), x)
         raise ValueError(f"IntQuant: value {value!r} at index {index_} is not finite; "
                          "a scale cannot be computed from NaN or inf")
-    words, _ = encode(x, fmt, calib)
+    words = encode(x, fmt, calib)
     flat = words.reshape(-1)
     if index.numel():
         flat.scatter_(0, index, apply_fault(flat.index_select(0, index), masks, fault))
@@ -403,6 +394,24 @@ def _host_calibration(x: torch.Tensor, fmt: IntQuant
     return torch.from_numpy(scale), torch.from_numpy(zero.reshape(shape)), True
 
 
+def _fault_codes_(y: torch.Tensor, fmt: IntQuant, fault: _FaultBase,
+                  faults: DeviceFaults) -> None:
+    """Replace the codes (float64, flat ``y``) at the faulty elements by their faulted codes."""
+    index = faults.index
+    codes = y.index_select(0, index)
+    container = _CONTAINERS.get(fmt.bits)
+    if container is not None and fmt._offset == 0 and fmt.codes == "signed":
+        # the stored word is the code's two's complement in a container of exactly
+        # ``bits``: the wrapping cast is the sign extension
+        words = apply_fault_(codes.to(container), faults.masks_as(container), fault)
+        y.scatter_(0, index, words.to(torch.float64))
+        return
+    words = (codes.to(torch.int64) + fmt._offset) & fmt.word_mask
+    stored = apply_fault(words, faults.masks, fault)
+    stored = _sign_extend(stored, fmt.bits) if fmt.codes == "signed" else stored & fmt.word_mask
+    y.scatter_(0, index, (stored - fmt._offset).to(torch.float64))
+
+
 def faulty_int_quant_f32(xs: Sequence[torch.Tensor], fmt: IntQuant, fault: _FaultBase,
                          faults: DeviceFaults) -> list[torch.Tensor]:
     """IntQuant on float32 tensors, in float64 as the core computes it, as one flat pass.
@@ -447,26 +456,8 @@ def faulty_int_quant_f32(xs: Sequence[torch.Tensor], fmt: IntQuant, fault: _Faul
         y.round_()
     if clamp:  # symmetric and finite: |round(x / s)| <= hi already
         y.clamp_(lo, hi).nan_to_num_(0.0)
-    index = faults.index
-    if index.numel():
-        codes = y.index_select(0, index)
-        container = _CONTAINERS.get(fmt.bits)
-        if container is not None and fmt._offset == 0 and fmt.codes == "signed":
-            # the stored word is the code's two's complement in a container of exactly
-            # ``bits``: the wrapping cast is the sign extension
-            words = apply_fault_(codes.to(container), faults.masks_as(container), fault)
-            y.scatter_(0, index, words.to(torch.float64))
-            codes = None
-        else:
-            codes = codes.to(torch.int64)
-    if index.numel() and codes is not None:
-        if fmt._offset == 0:  # the stored word is the code's two's complement
-            stored = apply_fault(codes, faults.masks, fault) & fmt.word_mask
-        else:
-            stored = apply_fault((codes + fmt._offset) & fmt.word_mask, faults.masks, fault)
-        if fmt.codes == "signed":
-            stored = _sign_extend(stored, fmt.bits)
-        y.scatter_(0, index, (stored - fmt._offset).to(torch.float64))
+    if faults.index.numel():
+        _fault_codes_(y, fmt, fault, faults)
     zero64 = _zero(dev, torch.float64)
     for part, (scale, zero, _) in zip(parts, calibs, strict=True):
         if not fmt.symmetric:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
 from bitfault.faults import _FaultBase
 from bitfault.formats import Format
 from bitfault.inject import check_map_fits
