@@ -16,7 +16,7 @@ def test_torch_models() -> None:
     std = 1 / np.sqrt(784)
     assert np.abs(w).max() <= 2 * std  # truncated at two standard deviations
     assert 0.8 * std < w.std() < 0.95 * std  # a normal cut at 2 sigma keeps ~0.88 of its std
-    assert all(float(m.bias.abs().max()) == 0.0 for m in (mlp.fc1, mlp.fc2, mlp.fc3))
+    assert all(float(m.bias.detach().abs().max()) == 0.0 for m in (mlp.fc1, mlp.fc2, mlp.fc3))
     again = seed_mlp(hidden=64, seed=3)
     assert torch.equal(again.fc2.weight, mlp.fc2.weight)
     assert not torch.equal(seed_mlp(hidden=64, seed=4).fc2.weight, mlp.fc2.weight)
