@@ -426,7 +426,6 @@ class TorchEvaluator:
                         col = idx // shape[1]
                         old = out[:, col]  # (N, F)
                         new = old + xin[:, idx % shape[1]] * (new_w - old_w)
-                        changed = (new != old) | torch.isnan(new)
                     else:
                         per = int(np.prod(shape[1:]))
                         col = idx // per
@@ -435,88 +434,63 @@ class TorchEvaluator:
                         kernels = kernels.reshape(len(idx), *shape[1:])
                         new = module._conv_forward(xin, kernels,
                                                    None if bias is None else bias[col])
-                        old = out[:, col]
-                        diff = (new != old) | torch.isnan(new)
-                        changed = diff.reshape(diff.shape[0], diff.shape[1], -1).any(2)
-                    rows_n, rows_f = torch.nonzero(changed, as_tuple=True)
-                    if len(rows_n):
-                        self._suffix(g, node, dirty, clean, new[rows_n, rows_f].unsqueeze(1),
-                                     col[rows_f], rows_n, rows_f + c, params, len(xin), faults,
-                                     preds, offset)
+                    self._suffix(g, node, dirty, clean, new, col, c, params, len(xin), faults,
+                                 preds, offset)
                     offset += b.stop - b.start
 
     def _suffix(self, g: _Graph, node: Any, dirty: set[Any], clean: dict[Any, Any],
-                vals: Any, chans: Any, rows_n: Any, rows_f: Any, params: Mapping[str, Any],
-                n_batch: int, faults: list[tuple[int, int, int]],
-                preds: dict[int, np.ndarray], offset: int) -> None:
-        """Run the dirty nodes after ``node`` for the changed examples of many faults at once.
+                vals: Any, col: Any, first: int, params: Mapping[str, Any], n_batch: int,
+                faults: list[tuple[int, int, int]], preds: dict[int, np.ndarray],
+                offset: int) -> None:
+        """Run the dirty nodes after ``node`` for faults ``first ...`` at once.
 
-        Row ``r`` is example ``rows_n[r]`` under fault ``rows_f[r]``; it differs from clean
-        only in channel ``chans[r]`` (dim 1), whose values are ``vals[r, 0]``. Per-channel
-        operations (ReLU, max pooling) run on that channel alone; the first other operation
-        gets whole rows (clean values with the channel written in). Examples whose live
-        value is back to clean are dropped. The same calls as the model's forward, in
-        memory-sized chunks.
+        ``vals[n, f]`` is channel ``col[f]`` (dim 1) of ``node``'s output for example ``n``
+        under fault ``f``; every other channel is clean. Per-channel operations (ReLU, max
+        pooling) run on these channels alone (``(N, F, ...)``, as if F were channels:
+        exact); an example whose channel is back to clean is clean from there on. The
+        first other operation gets whole rows, only for changed (example, fault) pairs,
+        stacked along the batch dimension in memory-sized chunks: the same calls as the
+        model's forward.
         """
         import torch
 
         after = [n for n in g.nodes[g.position[node] + 1:] if n in dirty]
-        row_bytes = max(1, clean[node][0].numel() * clean[node].element_size() * 4)
+        prev, k = node, 0
+        changed = _changed(vals, clean[node].index_select(1, col))
+        while k < len(after) and _per_channel(after[k], prev, self.model):
+            tmp = {prev: vals}
+            self._run([after[k]], tmp, params, None)
+            vals, prev = tmp[after[k]], after[k]
+            changed &= _changed(vals, clean[prev].index_select(1, col))
+            k += 1
+        rows_n, rows_f = torch.nonzero(changed, as_tuple=True)
+        if not len(rows_n):
+            return
+        row_bytes = max(1, clean[prev][0].numel() * clean[prev].element_size() * 4)
         step = max(1, self.max_bytes // row_bytes)
+        rest = after[k:]
         for a in range(0, len(rows_n), step):
-            rn, rf, ch = rows_n[a:a + step], rows_f[a:a + step], chans[a:a + step]
-            sparse, prev = vals[a:a + step], node
-            env: dict[Any, Any] = {}
-            for n in after:
-                if sparse is not None:
-                    if _per_channel(n, prev, self.model):
-                        tmp = {prev: sparse}
-                        self._run([n], tmp, params, None)
-                        v = tmp[n]
-                        ref = clean[n][rn, ch].unsqueeze(1)
-                        keep = ~_same_rows(v, ref)
-                        if not bool(keep.all()):
-                            rn, rf, ch, v = rn[keep], rf[keep], ch[keep], v[keep]
-                            if not len(rn):
-                                break
-                        sparse, prev = v, n
-                        continue
-                    full = clean[prev][rn].clone()
-                    full[torch.arange(len(rn)), ch] = sparse[:, 0]
-                    env, sparse = {prev: full}, None
+            rn, rf = rows_n[a:a + step], rows_f[a:a + step]
+            full = clean[prev][rn].clone()
+            full[torch.arange(len(rn)), col[rf]] = vals[rn, rf]
+            env: dict[Any, Any] = {prev: full}
+            for n in rest:
                 for inp in n.all_input_nodes:
                     if inp not in env:
                         v = clean[inp]
                         env[inp] = (v[rn] if isinstance(v, torch.Tensor) and v.ndim
                                     and len(v) == n_batch else v)
                 self._run([n], env, params, None)
-                if n is g.output:
-                    break
-                live = [d for d in env if d in dirty and any(u not in env for u in d.users)]
-                if live == [n] and isinstance(env[n], torch.Tensor):
-                    keep = ~_same_rows(env[n], clean[n][rn])
-                    if not bool(keep.all()):
-                        rn, rf = rn[keep], rf[keep]
-                        if not len(rn):
-                            break
-                        env = {n: env[n][keep]}
-            if not len(rn) or g.output not in env:
-                continue
             labels = _argmax(env[g.output].float().cpu().numpy())
-            rn_np, rf_np = rn.cpu().numpy(), rf.cpu().numpy()
+            rn_np, rf_np = rn.cpu().numpy(), rf.cpu().numpy() + first
             for f in np.unique(rf_np):
                 sel = rf_np == f
                 preds[faults[f][0]][offset + rn_np[sel]] = labels[sel]
 
 
-def _same_rows(v: Any, ref: Any) -> Any:
-    """Per row: every value equal to the clean one (NaN where clean is NaN counts as equal)."""
-    import torch
-
-    same = v == ref
-    if v.is_floating_point() and not bool(same.all()):
-        same |= torch.isnan(v) & torch.isnan(ref)
-    return same.reshape(len(v), -1).all(1)
+def _changed(v: Any, ref: Any) -> Any:
+    """(N, F) mask: example n's channel f differs from clean (NaN counts as different)."""
+    return (v != ref).reshape(v.shape[0], v.shape[1], -1).any(2)
 
 
 def _per_channel(node: Any, prev: Any, model: Any) -> bool:
@@ -536,8 +510,8 @@ def _per_channel(node: Any, prev: Any, model: Any) -> bool:
         return node.target == "relu"
     if node.op == "call_module":
         mod = model.get_submodule(node.target)
-        return (isinstance(mod, (nn.ReLU, nn.Identity)) or isinstance(
-            mod, (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d)) and not mod.return_indices)
+        return (isinstance(mod, (nn.ReLU, nn.Identity)) or (isinstance(
+            mod, (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d)) and not mod.return_indices))
     return False
 
 
