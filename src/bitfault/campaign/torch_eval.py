@@ -364,13 +364,13 @@ class TorchEvaluator:
         preds = {k: golden.copy() for k, _, _ in faults}
         # faults on distinct elements can share one injection (the format acts per element)
         groups: list[list[tuple[int, int, int]]] = []
+        seen: dict[int, int] = {}  # element -> faults on it so far: its k-th goes to group k
         for f in faults:
-            for grp in groups:
-                if all(e != f[1] for _, e, _ in grp):
-                    grp.append(f)
-                    break
-            else:
-                groups.append([f])
+            k = seen.get(f[1], 0)
+            seen[f[1]] = k + 1
+            if k == len(groups):
+                groups.append([])
+            groups[k].append(f)
         for grp in groups:
             self._singles_group(name, grp, spec, envs, preds)
         return preds
