@@ -1,0 +1,68 @@
+"""One self-contained HTML page (images embedded) plus the numbers as CSV and JSON."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+def write_rows(rows: Sequence[Mapping[str, Any]], stem: str | os.PathLike[str]) -> list[str]:
+    """Write rows as ``stem.csv`` and ``stem.json``; returns both paths."""
+    stem = os.fspath(stem)
+    fields: list[str] = []
+    for r in rows:
+        fields.extend(k for k in r if k not in fields)
+    with open(stem + ".csv", "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+    with open(stem + ".json", "w") as fh:
+        json.dump(list(rows), fh, indent=1, sort_keys=True)
+    return [stem + ".csv", stem + ".json"]
+
+
+def _table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = []
+    for r in rows:
+        cells = []
+        for c in columns:
+            v = r.get(c, "")
+            text = f"{v:.4g}" if isinstance(v, float) else str(v)
+            cells.append(f"<td>{html.escape(text)}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+
+
+def write_html(path: str | os.PathLike[str], title: str, intro: str,
+               figures: Sequence[tuple[str, str]],
+               tables: Sequence[tuple[str, Sequence[Mapping[str, Any]], Sequence[str]]] = ()
+               ) -> str:
+    """A page with ``figures`` ((caption, png path)) embedded as data URIs and ``tables``."""
+    parts = [f"<h1>{html.escape(title)}</h1>", f"<p>{html.escape(intro)}</p>"]
+    for caption, png in figures:
+        with open(png, "rb") as fh:
+            data = base64.b64encode(fh.read()).decode("ascii")
+        name = html.escape(os.path.basename(png))
+        parts.append(f'<figure><img alt="{name}" data-file="{name}" '
+                     f'src="data:image/png;base64,{data}"><figcaption>{html.escape(caption)}'
+                     "</figcaption></figure>")
+    for caption, rows, columns in tables:
+        parts.append(f"<h2>{html.escape(caption)}</h2>{_table(rows, columns)}")
+    style = ("body{font-family:sans-serif;max-width:1000px;margin:2em auto;color:#222}"
+             "img{max-width:100%}table{border-collapse:collapse;font-size:13px}"
+             "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
+             "figcaption{font-size:13px;color:#555;margin-bottom:1.5em}")
+    page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
+            f"</title><style>{style}</style></head><body>{''.join(parts)}</body></html>")
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(page)
+    return os.fspath(path)
+
+
+__all__ = ["write_html", "write_rows"]

@@ -1,0 +1,113 @@
+"""Plots of campaign results (matplotlib, Agg backend, imported when called).
+
+Each function takes plain rows (dicts as ``CampaignResult.summary`` returns them,
+or training histories) and writes one PNG; none needs a framework.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig: Any, path: str | os.PathLike[str]) -> str:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _pyplot().close(fig)
+    return os.fspath(path)
+
+
+def plot_rate_sweep(curves: Mapping[str, Sequence[Mapping[str, Any]]],
+                    path: str | os.PathLike[str], metric: str = "accuracy",
+                    clean: Mapping[str, float] | None = None) -> str:
+    """Metric vs bit error rate, one line per model with its confidence band and min-max.
+
+    ``curves[model]`` holds summary rows with ``ber``, ``mean``, ``ci_low``,
+    ``ci_high``, ``min`` and ``max``; ``clean[model]`` draws the fault-free value.
+    """
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, (model, rows) in enumerate(curves.items()):
+        rows = sorted((r for r in rows if r["ber"] and r["ber"] > 0), key=lambda r: r["ber"])
+        if not rows:
+            continue
+        ber = np.array([r["ber"] for r in rows])
+        mean = np.array([r["mean"] for r in rows])
+        color = f"C{i}"
+        ax.plot(ber, mean, "o-", color=color, label=f"{model} (mean over chips)")
+        ax.fill_between(ber, [r["ci_low"] for r in rows], [r["ci_high"] for r in rows],
+                        color=color, alpha=0.25, linewidth=0)
+        ax.plot(ber, [r["min"] for r in rows], ":", color=color, linewidth=1)
+        if clean and model in clean:
+            ax.axhline(clean[model], color=color, linestyle="--", linewidth=1)
+    ax.set_xscale("log")
+    ax.set_xlabel("bit error rate (fraction of stored bits flipped)")
+    ax.set_ylabel(metric.replace("_", " "))
+    ax.set_title(f"{metric.replace('_', ' ')} vs bit error rate "
+                 "(band: 95% CI of the mean; dotted: worst chip; dashed: no faults)")
+    ax.title.set_fontsize(9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_heatmap(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike[str],
+                 by: str, title: str, value: str = "mean") -> str:
+    """Heatmap of ``value``: one row per ``by`` (tensor name or bit), one column per ber."""
+    plt = _pyplot()
+    keys = sorted({r[by] for r in rows}, key=lambda k: (isinstance(k, str), k))
+    bers = sorted({r["ber"] for r in rows})
+    grid = np.full((len(keys), len(bers)), np.nan)
+    for r in rows:
+        grid[keys.index(r[by]), bers.index(r["ber"])] = r[value]
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.6 + 1.1 * len(bers)),
+                                    max(2.8, 1.2 + 0.32 * len(keys))))
+    image = ax.imshow(grid, aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0)
+    ax.set_xticks(range(len(bers)), [f"{b:g}" for b in bers])
+    ax.set_yticks(range(len(keys)), [str(k) for k in keys])
+    ax.set_xlabel("bit error rate")
+    ax.set_ylabel("tensor" if by == "target" else "bit position")
+    for (i, j), v in np.ndenumerate(grid):
+        if np.isfinite(v):
+            ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7,
+                    color="white" if v < 0.5 else "black")
+    fig.colorbar(image, ax=ax, label="mean accuracy")
+    ax.set_title(title, fontsize=9)
+    return _save(fig, path)
+
+
+def plot_training(histories: Mapping[str, Mapping[str, Sequence[float]]],
+                  path: str | os.PathLike[str]) -> str:
+    """Loss and accuracy per epoch for each model (``histories[model] = {"loss": [...], ...}``)."""
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6))
+    for i, (model, hist) in enumerate(histories.items()):
+        for key, ax in (("loss", left), ("accuracy", right)):
+            values = hist.get(key)
+            if values:
+                ax.plot(range(1, len(values) + 1), values, "o-", color=f"C{i}", label=model,
+                        markersize=3)
+    left.set_xlabel("epoch")
+    left.set_ylabel("training loss")
+    right.set_xlabel("epoch")
+    right.set_ylabel("test accuracy")
+    for ax in (left, right):
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("training curves", fontsize=10)
+    return _save(fig, path)
+
+
+__all__ = ["plot_heatmap", "plot_rate_sweep", "plot_training"]
