@@ -69,7 +69,8 @@ def random_faults(model: torch.nn.Module, n: int, seed: int = 0) -> list[tuple[s
     bits = rng.integers(0, 32, n)
     layer = np.searchsorted(np.cumsum(sizes), flat, side="right")
     start = np.concatenate([[0], np.cumsum(sizes)])
-    return [(names[k], int(f - start[k]), int(b)) for k, f, b in zip(layer, flat, bits)]
+    return [(names[k], int(f - start[k]), int(b))
+            for k, f, b in zip(layer, flat, bits, strict=True)]
 
 
 def bitfault_campaign(model, x, y, faults) -> tuple[float, list[int]]:

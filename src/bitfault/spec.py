@@ -174,6 +174,16 @@ class FaultSpec:
                 "gradient": self.gradient}
 
     @classmethod
+    def coerce(cls, spec: Any) -> FaultSpec:
+        """A FaultSpec from a FaultSpec or its ``to_dict()`` form; TypeError otherwise."""
+        if isinstance(spec, FaultSpec):
+            return spec
+        if isinstance(spec, Mapping):
+            return cls.from_dict(spec)
+        raise TypeError(f"spec must be a bitfault.FaultSpec (or its to_dict() form), got "
+                        f"{type(spec).__name__}")
+
+    @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> FaultSpec:
         if not isinstance(data, Mapping):
             raise TypeError(f"a spec must be a mapping, got {type(data).__name__}")

@@ -146,7 +146,7 @@ def test_single_fault_shortcut_on_conv_and_linear_layers(cnn, data) -> None:
     faults = [("conv1.weight", e, b) for e in range(36) for b in range(0, 32, 3)]
     for name, size in (("conv2.weight", 8 * 4 * 9), ("fc.weight", 10 * 8 * 49)):
         faults += [(name, int(e), int(b)) for e, b in zip(rng.integers(0, size, 120),
-                                                          rng.integers(0, 32, 120))]
+                                                          rng.integers(0, 32, 120), strict=True)]
     shapes = ev.tensor_shapes()
     maps = [trial_maps(t, FIXED, shapes) for t in single_faults(faults)]
     fast = ev.predict(maps, FIXED)

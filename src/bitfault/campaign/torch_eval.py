@@ -199,9 +199,23 @@ class TorchEvaluator:
         return self._stored_cache[key]
 
     def faulty(self, name: str, fmap: FaultMap, spec: FaultSpec) -> Any:
+        """``bitfault.torch.inject`` of the tensor; for formats that store each element on
+        its own (FixedPoint, Float), only the faulty elements are computed and written over
+        the cached stored tensor (the same bits, at a cost proportional to the faults)."""
+        import torch
+
+        from bitfault.formats import FixedPoint, Float
         from bitfault.torch import inject
 
-        return inject(self._clean[name], spec.format, spec.fault, fmap)
+        clean = self._clean[name]
+        if not isinstance(spec.format, (FixedPoint, Float)) or fmap.indices.size * 8 > fmap.size:
+            return inject(clean, spec.format, spec.fault, fmap)
+        n = int(fmap.indices.size)
+        idx = torch.as_tensor(fmap.indices, device=clean.device)
+        sub = FaultMap((n,), np.arange(n, dtype=np.int64), fmap.masks, name)
+        out = self.stored(spec)[name].clone()
+        out.view(-1)[idx] = inject(clean.reshape(-1)[idx], spec.format, spec.fault, sub)
+        return out
 
     def _forward(self, params: Mapping[str, Any]) -> np.ndarray:
         import torch

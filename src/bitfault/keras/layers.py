@@ -45,14 +45,7 @@ from bitfault.spec import FaultSpec
 USE_XLA = os.environ.get("BITFAULT_KERAS_XLA", "1") != "0"
 
 
-def as_spec(spec: Any) -> FaultSpec:
-    """A FaultSpec from a FaultSpec or its ``to_dict()`` form; TypeError otherwise."""
-    if isinstance(spec, FaultSpec):
-        return spec
-    if isinstance(spec, dict):
-        return FaultSpec.from_dict(spec)
-    raise TypeError(f"spec must be a bitfault.FaultSpec (or its to_dict()), got "
-                    f"{type(spec).__name__}")
+as_spec = FaultSpec.coerce
 
 
 def _check_step(step: Any) -> int | None:

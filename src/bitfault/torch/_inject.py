@@ -380,15 +380,6 @@ class FaultHandle:
         return _through([output], [faulty], spec.gradient == "blocked")[0]
 
 
-def _check_spec(spec: Any) -> FaultSpec:
-    if isinstance(spec, FaultSpec):
-        return spec
-    if isinstance(spec, Mapping):
-        return FaultSpec.from_dict(spec)
-    raise TypeError(f"spec must be a bitfault.FaultSpec (or its dict form), got "
-                    f"{type(spec).__name__}")
-
-
 def _plan(model: nn.Module, spec: FaultSpec, chosen: list[tuple[str, nn.Module]]
           ) -> tuple[list[_Param], dict[tuple[str, str], str], list[str]]:
     params: list[_Param] = []
@@ -419,7 +410,7 @@ def inject_(model: nn.Module, spec: FaultSpec | Mapping[str, Any],
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    spec = _check_spec(spec)
+    spec = FaultSpec.coerce(spec)
     accept = _as_filter(filter_fn)
     chosen = [(fqn, m) for fqn, m in model.named_modules() if accept(m, fqn)]
     if not chosen:
