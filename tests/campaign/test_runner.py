@@ -28,8 +28,10 @@ HERE = Path(__file__).parent
 
 
 def plain_accuracy(ev: NumpyEvaluator, maps: dict[str, bf.FaultMap]) -> float:
+    """Every tensor stored in the format; ``maps`` says where the faults are."""
     params = dict(ev.params)
-    for name, fmap in maps.items():
+    for name, shape in ev.tensor_shapes().items():
+        fmap = maps.get(name) or bf.FaultMap.from_mask(np.zeros(shape, np.uint32), name=name)
         params[name] = bf.inject(ev.params[name], SPEC.format, SPEC.fault, fmap)
     with np.errstate(all="ignore"):
         logits = ev.forward(params, ev.x)

@@ -108,17 +108,28 @@ def _check_target(trial: Trial, shapes: Mapping[str, tuple[int, ...]]) -> None:
 
 
 def trial_maps(trial: Trial, spec: FaultSpec, shapes: Mapping[str, tuple[int, ...]]) -> Maps:
-    """The fault maps of one trial, per target tensor."""
+    """The fault maps of one trial for every tensor (empty where the trial puts no fault).
+
+    Every tensor is stored in the format in every trial, faulty or not, as in a real
+    memory; layer and single-fault trials confine the faults, not the format.
+    """
     _check_target(trial, shapes)
+    maps = {n: _empty_map(n, s) for n, s in shapes.items()}
     if trial.kind == "single":
-        shape = shapes[trial.target]
-        return {trial.target: FaultMap(shape, np.array([trial.element]),
-                                       np.array([1 << trial.bit], np.uint32), trial.target,
-                                       {"source": "single"})}
+        maps[trial.target] = FaultMap(shapes[trial.target], np.array([trial.element]),
+                                      np.array([1 << trial.bit], np.uint32), trial.target,
+                                      {"source": "single"})
+        return maps
     names = [trial.target] if trial.kind == "layer" else list(shapes)
     bits = (trial.bit,) if trial.kind == "bit" else spec.fault.bits
-    return {n: FaultMap.random(shapes[n], spec.format, ber=trial.ber, seed=trial.seed, name=n,
-                               bits=bits, fault=spec.fault) for n in names}
+    for n in names:
+        maps[n] = FaultMap.random(shapes[n], spec.format, ber=trial.ber, seed=trial.seed,
+                                  name=n, bits=bits, fault=spec.fault)
+    return maps
+
+
+def _empty_map(name: str, shape: tuple[int, ...]) -> FaultMap:
+    return FaultMap(shape, np.zeros(0, np.int64), np.zeros(0, np.uint32), name, {"source": "none"})
 
 
 def _maps_digest(maps: Maps) -> str:
@@ -271,8 +282,7 @@ def run(
                    "data": data_digest}
     labels = np.asarray(evaluator.labels)
     # The golden run: every tensor stored in the format, no faults (ber = 0).
-    golden = {n: FaultMap(shape, np.zeros(0, np.int64), np.zeros(0, np.uint32), n)
-              for n, shape in shapes.items()}
+    golden = {n: _empty_map(n, shape) for n, shape in shapes.items()}
     clean = evaluator.predict([golden], spec)[0]
     clean_metrics = _call_metric(metric, labels, clean, clean, "clean run")
     spec_json = spec.to_json(sort_keys=True)

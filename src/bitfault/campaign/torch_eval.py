@@ -211,7 +211,7 @@ class TorchEvaluator:
         if not isinstance(spec.format, (FixedPoint, Float)) or fmap.indices.size * 8 > fmap.size:
             return inject(clean, spec.format, spec.fault, fmap)
         n = int(fmap.indices.size)
-        idx = torch.as_tensor(fmap.indices, device=clean.device)
+        idx = torch.from_numpy(np.array(fmap.indices, np.int64)).to(clean.device)
         sub = FaultMap((n,), np.arange(n, dtype=np.int64), fmap.masks, name)
         out = self.stored(spec)[name].clone()
         out.view(-1)[idx] = inject(clean.reshape(-1)[idx], spec.format, spec.fault, sub)
