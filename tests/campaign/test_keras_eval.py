@@ -1,0 +1,60 @@
+"""KerasEvaluator: a campaign on a Keras model equals injecting each trial's maps with
+bitfault.keras.inject and predicting; the caller's model is untouched."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import bitfault as bf
+from bitfault.campaign import bit_sweep, layer_sweep, rate_sweep, run, trial_maps
+
+keras = pytest.importorskip("keras")
+bk = pytest.importorskip("bitfault.keras")
+from bitfault.campaign.keras_eval import KerasEvaluator  # noqa: E402
+from bitfault.data import split_embedded_mnist  # noqa: E402
+from bitfault.models.keras import seed_mlp  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def trained() -> tuple[keras.Model, np.ndarray, np.ndarray]:
+    (x, y), (xt, yt) = split_embedded_mnist()
+    keras.utils.set_random_seed(0)
+    model = seed_mlp(hidden=32, seed=0)
+    model.compile(keras.optimizers.SGD(0.1), "sparse_categorical_crossentropy")
+    model.fit(x, y, epochs=2, batch_size=100, verbose=0)
+    return model, xt[:200], yt[:200]
+
+
+@pytest.mark.parametrize("fmt", [bf.IntQuant(8), bf.FixedPoint(16, 12)], ids=repr)
+def test_campaign_equals_adapter_injection(trained, fmt, tmp_path: Path) -> None:
+    model, x, y = trained
+    before = [w.copy() for w in model.get_weights()]
+    ev = KerasEvaluator(model, x, y)
+    assert ev.tensor_shapes() == {"fc1.weight": (32, 784), "fc2.weight": (32, 32),
+                                  "fc3.weight": (10, 32)}
+    spec = bf.FaultSpec(format=fmt, ber=1e-3)
+    trials = (rate_sweep([1e-3, 1e-2], 2) + layer_sweep([1e-1], 1, ["fc2.weight"])
+              + bit_sweep([1e-2], 1, [fmt.bits - 1]))
+    result = run(ev, trials, spec, tmp_path / "k.db")
+    got = {r.trial_key: r.metrics["correct"] for r in result.records}
+    for t in trials:
+        maps = trial_maps(t, spec, ev.tensor_shapes())
+        fmodel = bk.inject(model, spec.replace(maps=maps))
+        pred = np.argmax(np.nan_to_num(fmodel.predict(x, verbose=0), nan=-np.inf), axis=1)
+        assert got[t.key] == int(np.sum(pred == y)), t.key
+    assert all(np.array_equal(a, b) for a, b in zip(before, model.get_weights(), strict=True))
+
+
+def test_bad_input(trained) -> None:
+    model, x, y = trained
+    with pytest.raises(ValueError, match="same length"):
+        KerasEvaluator(model, x, y[:5])
+    with pytest.raises(ValueError, match=r"unknown tensor\(s\) \['fc9.weight'\]"):
+        KerasEvaluator(model, x, y, targets=["fc9.weight"])
+    with pytest.raises(ValueError, match="chose no tensor"):
+        KerasEvaluator(model, x, y, targets=lambda layer, path: False)
+    ev = KerasEvaluator(model, x, y, targets=["fc1.weight"])
+    assert list(ev.tensor_shapes()) == ["fc1.weight"]
