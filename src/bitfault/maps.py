@@ -93,12 +93,12 @@ def _hits(n: int, rng: np.random.Generator, horizon: float,
     ``carry + sum(gaps)`` whether or not times are wanted, so the hits before any
     horizon are a prefix of the hits before a later one.
     """
-    elements, times = [], []
+    elements: list[np.ndarray] = []
+    times: list[np.ndarray] = []
     carry, size = 0.0, _FIRST_CHUNK
-    gaps = np.empty(_MAX_CHUNK)
     index_dtype = np.uint32 if n <= 1 << 32 else np.int64
     while True:
-        chunk = rng.standard_exponential(size, out=gaps[:size])
+        chunk = rng.standard_exponential(size)
         e = rng.integers(0, n, size, dtype=index_dtype)
         end = carry + float(chunk.sum())
         if end < horizon:  # the whole chunk lies before the horizon
@@ -107,8 +107,12 @@ def _hits(n: int, rng: np.random.Generator, horizon: float,
                 times.append(np.cumsum(chunk) + carry)
             carry, size = end, min(size * 2, _MAX_CHUNK)
             continue
-        t = np.cumsum(chunk) + carry
+        t = np.cumsum(chunk)
+        if carry:
+            t += carry
         cut = int(np.searchsorted(t, horizon, side="left"))
+        if not elements:  # the common case: one chunk was enough
+            return e[:cut], t[:cut] if with_times else None
         elements.append(e[:cut])
         times.append(t[:cut])
         break
