@@ -260,6 +260,11 @@ class FaultMap:
     # ---- constructors -------------------------------------------------------------------
 
     @classmethod
+    def empty(cls, shape: Any, name: str = "") -> FaultMap:
+        """A map with no fault: the tensor is stored in its format and read back as stored."""
+        return cls(shape, np.zeros(0, np.int64), np.zeros(0, np.uint32), name, {"source": "none"})
+
+    @classmethod
     def from_mask(cls, mask: Any, name: str = "", fmt: Format | None = None,
                   fault: Any = None) -> FaultMap:
         """A map from a dense integer mask (a 1 bit wherever a fault is), like the seed's fmap."""

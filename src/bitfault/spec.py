@@ -135,8 +135,7 @@ class FaultSpec:
         if self.maps is not None:
             fmap = self.maps.get(name)
             if fmap is None:
-                return FaultMap(shape, np.zeros(0, np.int64), np.zeros(0, np.uint32), name,
-                                {"source": "none"})
+                return FaultMap.empty(shape, name)
             if tuple(fmap.shape) != tuple(shape):
                 raise ValueError(f"maps[{name!r}] is for shape {tuple(fmap.shape)}, the tensor "
                                  f"has shape {tuple(shape)}")

@@ -9,13 +9,13 @@ model; the caller's model is never touched. Imports keras.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import keras
 import numpy as np
 
+from bitfault.campaign.runner import digest_arrays, predicted_labels
 from bitfault.inject import inject
 from bitfault.keras.inject import walk_layers
 from bitfault.keras.layouts import Slot, is_supported, plan_slots
@@ -76,8 +76,7 @@ class KerasEvaluator:
                                  f"evaluator's tensors are {sorted(self._slots)}")
             for name, slot in self._slots.items():
                 clean = self._clean[name]
-                fmap = maps.get(name) or FaultMap(clean.shape, np.zeros(0, np.int64),
-                                                  np.zeros(0, np.uint32), name)
+                fmap = maps.get(name) or FaultMap.empty(clean.shape, name)
                 slot.variable.assign(slot.to_keras(inject(clean, spec.format, spec.fault,
                                                           fmap)))
             out.append(self._predict_labels())
@@ -86,27 +85,17 @@ class KerasEvaluator:
     def _predict_labels(self) -> np.ndarray:
         preds = []
         for start in range(0, len(self.x), self.batch_size):
-            logits = np.asarray(self._model(self.x[start:start + self.batch_size],
-                                            training=False), dtype=np.float64)
-            logits = np.where(np.isnan(logits), -np.inf, logits)  # a NaN logit never wins
-            preds.append(np.argmax(logits, axis=1))
+            preds.append(predicted_labels(np.asarray(
+                self._model(self.x[start:start + self.batch_size], training=False))))
         return np.concatenate(preds)
 
     def model_digest(self) -> str:
-        h = hashlib.sha256()
-        for name in sorted(self._clean):  # the targets' names and clean values ...
-            h.update(name.encode())
-            h.update(np.ascontiguousarray(self._clean[name]).tobytes())
-        for w in self._model.get_weights():  # ... and every other weight, in order
-            h.update(np.ascontiguousarray(w).tobytes())
-        return h.hexdigest()
+        """The targets (names, clean values) and every weight of the model, in order."""
+        weights = {f"weights[{i}]": w for i, w in enumerate(self._model.get_weights())}
+        return digest_arrays({**self._clean, **weights})
 
     def data_digest(self) -> str:
-        h = hashlib.sha256()
-        for a in (self.x, self.labels):
-            h.update(str(a.dtype).encode() + str(a.shape).encode())
-            h.update(np.ascontiguousarray(a).tobytes())
-        return h.hexdigest()
+        return digest_arrays({"x": self.x, "y": self.labels})
 
 
 __all__ = ["KerasEvaluator"]

@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import platform
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -45,7 +46,7 @@ class Evaluator(Protocol):
     def data_digest(self) -> str: ...
 
 
-def _digest_arrays(arrays: Mapping[str, np.ndarray]) -> str:
+def digest_arrays(arrays: Mapping[str, np.ndarray]) -> str:
     h = hashlib.sha256()
     for name in sorted(arrays):
         a = np.ascontiguousarray(arrays[name])
@@ -78,19 +79,20 @@ class NumpyEvaluator:
                                       fmap)
             with np.errstate(all="ignore"):
                 logits = self.forward(params, self.x)
-            out.append(_argmax(logits))
+            out.append(predicted_labels(logits))
         return out
 
     def model_digest(self) -> str:
-        return _digest_arrays(dict(self.params))
+        return digest_arrays(dict(self.params))
 
     def data_digest(self) -> str:
-        return _digest_arrays({"x": self.x, "y": self.labels})
+        return digest_arrays({"x": self.x, "y": self.labels})
 
 
-def _argmax(logits: np.ndarray) -> np.ndarray:
+def predicted_labels(logits: np.ndarray) -> np.ndarray:
+    """Argmax per row; a NaN logit (a flipped exponent can make one) never wins."""
     logits = np.asarray(logits, dtype=np.float64)
-    logits = np.where(np.isnan(logits), -np.inf, logits)  # a NaN logit never wins
+    logits = np.where(np.isnan(logits), -np.inf, logits)
     return np.argmax(logits, axis=1)
 
 
@@ -114,7 +116,7 @@ def trial_maps(trial: Trial, spec: FaultSpec, shapes: Mapping[str, tuple[int, ..
     memory; layer and single-fault trials confine the faults, not the format.
     """
     _check_target(trial, shapes)
-    maps = {n: _empty_map(n, s) for n, s in shapes.items()}
+    maps = {n: FaultMap.empty(s, n) for n, s in shapes.items()}
     if trial.kind == "single":
         maps[trial.target] = FaultMap(shapes[trial.target], np.array([trial.element]),
                                       np.array([1 << trial.bit], np.uint32), trial.target,
@@ -127,9 +129,6 @@ def trial_maps(trial: Trial, spec: FaultSpec, shapes: Mapping[str, tuple[int, ..
                                   name=n, bits=bits, fault=spec.fault)
     return maps
 
-
-def _empty_map(name: str, shape: tuple[int, ...]) -> FaultMap:
-    return FaultMap(shape, np.zeros(0, np.int64), np.zeros(0, np.uint32), name, {"source": "none"})
 
 
 def _maps_digest(maps: Maps) -> str:
@@ -145,8 +144,6 @@ def versions() -> dict[str, str]:
     found = {"bitfault": bitfault.__version__, "python": platform.python_version(),
              "numpy": np.__version__}
     for mod in ("torch", "tensorflow", "keras"):
-        import sys
-
         if mod in sys.modules:
             found[mod] = getattr(sys.modules[mod], "__version__", "?")
     return found
@@ -282,7 +279,7 @@ def run(
                    "data": data_digest}
     labels = np.asarray(evaluator.labels)
     # The golden run: every tensor stored in the format, no faults (ber = 0).
-    golden = {n: _empty_map(n, shape) for n, shape in shapes.items()}
+    golden = {n: FaultMap.empty(shape, n) for n, shape in shapes.items()}
     clean = evaluator.predict([golden], spec)[0]
     clean_metrics = _call_metric(metric, labels, clean, clean, "clean run")
     spec_json = spec.to_json(sort_keys=True)

@@ -35,15 +35,11 @@ from typing import Any
 
 import numpy as np
 
-from bitfault.campaign.runner import Maps, _argmax, _digest_arrays
+from bitfault.campaign.runner import Maps, digest_arrays, predicted_labels
 from bitfault.maps import FaultMap
 from bitfault.spec import FaultSpec
 
 TargetSpec = Sequence[str] | Callable[[Any, str], bool] | None
-
-
-def _empty_map(shape: tuple[int, ...], name: str) -> FaultMap:
-    return FaultMap(shape, np.zeros(0, np.int64), np.zeros(0, np.uint32), name)
 
 
 class _Graph:
@@ -138,10 +134,10 @@ class TorchEvaluator:
         arrays = {k: v.detach().cpu().float().numpy() if v.is_floating_point() else
                   v.detach().cpu().numpy() for k, v in self.model.state_dict().items()}
         arrays["__targets__"] = np.array(self.names)
-        return _digest_arrays(arrays)
+        return digest_arrays(arrays)
 
     def data_digest(self) -> str:
-        return _digest_arrays({"x": self.x.detach().cpu().numpy(), "y": self.labels})
+        return digest_arrays({"x": self.x.detach().cpu().numpy(), "y": self.labels})
 
     def predict(self, batch_of_maps: Sequence[Maps], spec: FaultSpec) -> list[np.ndarray]:
         """Predicted labels for each map set (dict of tensor name -> FaultMap)."""
@@ -194,7 +190,7 @@ class TorchEvaluator:
         key = (repr(spec.format), repr(spec.fault))
         if key not in self._stored_cache:
             self._stored_cache[key] = {
-                n: inject(t, spec.format, spec.fault, _empty_map(tuple(t.shape), n))
+                n: inject(t, spec.format, spec.fault, FaultMap.empty(tuple(t.shape), n))
                 for n, t in self._clean.items()}
         return self._stored_cache[key]
 
@@ -225,7 +221,7 @@ class TorchEvaluator:
         with torch.no_grad():
             for b in self._batches():
                 logits = functional_call(self.model, dict(params), (self.x[b],))
-                preds.append(_argmax(logits.float().cpu().numpy()))
+                preds.append(predicted_labels(logits.float().cpu().numpy()))
         return np.concatenate(preds)
 
     def golden(self, spec: FaultSpec) -> np.ndarray:
@@ -307,7 +303,8 @@ class TorchEvaluator:
                     env: dict[Any, Any] = {}
                     self._run(g.nodes, env, self.stored(spec), self.x[b])
                     envs.append(env)
-            preds = np.concatenate([_argmax(e[g.output].float().cpu().numpy()) for e in envs])
+            preds = np.concatenate([predicted_labels(e[g.output].float().cpu().numpy())
+                                    for e in envs])
             if not isinstance(envs[0][g.output], torch.Tensor) or not np.array_equal(
                     preds, self.golden(spec)):
                 self._graph = False  # the trace does not reproduce the model: no reuse
@@ -344,7 +341,7 @@ class TorchEvaluator:
             for b, clean in zip(self._batches(), envs, strict=True):
                 env = dict(clean)
                 self._run(g.nodes[start:], env, params, self.x[b], only=dirty)
-                preds.append(_argmax(env[g.output].float().cpu().numpy()))
+                preds.append(predicted_labels(env[g.output].float().cpu().numpy()))
         return np.concatenate(preds)
 
     # ---- single faults ---------------------------------------------------------------------
@@ -495,7 +492,7 @@ class TorchEvaluator:
                         env[inp] = (v[rn] if isinstance(v, torch.Tensor) and v.ndim
                                     and len(v) == n_batch else v)
                 self._run([n], env, params, None)
-            labels = _argmax(env[g.output].float().cpu().numpy())
+            labels = predicted_labels(env[g.output].float().cpu().numpy())
             rn_np, rf_np = rn.cpu().numpy(), rf.cpu().numpy() + first
             for f in np.unique(rf_np):
                 sel = rf_np == f
