@@ -1,0 +1,230 @@
+"""Training recipes for bit-error robustness, framework-free.
+
+A :class:`Recipe` says how a network is trained so that its stored weights survive
+bit errors (Stutz et al., "Bit Error Robustness for Energy-Efficient DNN
+Accelerators", MLSys 2021):
+
+* ``format``: weights are trained through this storage format (quantisation-aware,
+  straight-through gradient); ``None`` trains plain float weights;
+* ``weight_clip``: after every optimizer step each weight is projected to
+  ``[-w_max, w_max]``;
+* ``randbet``: random bit error training; each step's loss is the loss on the clean
+  stored weights plus the loss on weights with a fresh random bit error pattern at
+  rate ``p_train`` (see :class:`RandBET`);
+* ``fault_aware``: plain fault-aware training through a :class:`FaultSpec` (the seed
+  program's fix): the forward pass uses the spec's faulty weights every step;
+* ``activation_clip``: ReLUs bounded at a threshold, a float or ``"calibrate"`` (the
+  ``activation_quantile`` of each ReLU's output on training data).
+
+The adapters (``bitfault.torch.training``, ``bitfault.keras.training``) carry a recipe
+out; this module only describes and validates it, and round-trips it through dicts
+so a config file, PyTorch and Keras all read the same thing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from bitfault.faults import BitFlip, FaultModel, _FaultBase, fault_from_dict
+from bitfault.formats import Format, IntQuant, format_from_dict
+from bitfault.maps import _check_seed
+from bitfault.spec import FaultSpec
+
+
+def _check_positive(value: Any, argument: str, *, allow_none: bool = True) -> float | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{argument} must be a positive number{' or None' * allow_none}, "
+                        f"got {value!r}")
+    v = float(value)
+    if not (v > 0 and math.isfinite(v)):
+        raise ValueError(f"{argument} must be a positive finite number, got {value!r}")
+    return v
+
+
+def _unknown_keys(data: Mapping[str, Any], allowed: set[str], what: str) -> None:
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise ValueError(f"unknown key(s) {unknown} for {what}; allowed: {sorted(allowed)}")
+
+
+@dataclass(frozen=True)
+class RandBET:
+    """Random bit error training.
+
+    p_train: bit error rate of the perturbed term, in (0, 1).
+    seed: seed of the per-step patterns; step ``t`` uses ``FaultMap.random(...,
+        seed=seed, name=tensor, step=t)``, so a run replays exactly.
+    grad_clamp: if set, each element of the perturbed term's gradient is clamped to
+        ``[-grad_clamp, grad_clamp]`` before it is added to the clean term's.
+    start_below: if set, the perturbed term is off until the clean loss (of a step)
+        first falls below this value; from then on it stays on.
+    fault: the fault model of the perturbed term (bit flips by default).
+    """
+
+    p_train: float = 0.1
+    seed: int = 0
+    grad_clamp: float | None = None
+    start_below: float | None = None
+    fault: FaultModel = field(default_factory=BitFlip)
+
+    def __post_init__(self) -> None:
+        p = self.p_train
+        if isinstance(p, bool) or not isinstance(p, (int, float, np.integer, np.floating)):
+            raise TypeError(f"p_train must be a number in (0, 1), got {p!r}")
+        if not 0.0 < float(p) < 1.0:
+            raise ValueError(f"p_train must be in (0, 1), got {p!r}")
+        object.__setattr__(self, "p_train", float(p))
+        object.__setattr__(self, "seed", _check_seed(self.seed))
+        object.__setattr__(self, "grad_clamp", _check_positive(self.grad_clamp, "grad_clamp"))
+        object.__setattr__(self, "start_below", _check_positive(self.start_below, "start_below"))
+        if isinstance(self.fault, Mapping):
+            object.__setattr__(self, "fault", fault_from_dict(dict(self.fault)))
+        if not isinstance(self.fault, _FaultBase):
+            raise TypeError(f"fault must be BitFlip() or StuckAt(0|1), got {self.fault!r}")
+
+    def spec(self, format: Format, step: int = 0) -> FaultSpec:
+        """The fault spec of the perturbed term (transient, fresh map per step)."""
+        return FaultSpec(format=format, fault=self.fault, ber=self.p_train, seed=self.seed,
+                         persistence="transient", resample="step")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"p_train": self.p_train, "seed": self.seed, "grad_clamp": self.grad_clamp,
+                "start_below": self.start_below, "fault": self.fault.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RandBET:
+        _unknown_keys(data, {f.name for f in dataclasses.fields(cls)}, "randbet")
+        return cls(**dict(data))
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How to train for bit-error robustness; see the module docstring."""
+
+    name: str = "normal"
+    format: Format | None = field(default_factory=lambda: IntQuant(8))
+    weight_clip: float | None = None
+    randbet: RandBET | None = None
+    fault_aware: FaultSpec | None = None
+    activation_clip: float | str | None = None
+    activation_quantile: float = 0.999
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"name must be a non-empty string, got {self.name!r}")
+        if isinstance(self.format, Mapping):
+            object.__setattr__(self, "format", format_from_dict(dict(self.format)))
+        if self.format is not None and not isinstance(self.format, Format):
+            raise TypeError(f"format must be FixedPoint, IntQuant, Float or None, "
+                            f"got {self.format!r}")
+        object.__setattr__(self, "weight_clip", _check_positive(self.weight_clip, "weight_clip"))
+        if isinstance(self.randbet, Mapping):
+            object.__setattr__(self, "randbet", RandBET.from_dict(self.randbet))
+        if self.randbet is not None and not isinstance(self.randbet, RandBET):
+            raise TypeError(f"randbet must be a RandBET or None, got {self.randbet!r}")
+        if self.randbet is not None and self.format is None:
+            raise ValueError("randbet needs a format: bit errors hit stored words")
+        if isinstance(self.fault_aware, Mapping):
+            object.__setattr__(self, "fault_aware", FaultSpec.from_dict(self.fault_aware))
+        if self.fault_aware is not None and not isinstance(self.fault_aware, FaultSpec):
+            raise TypeError(f"fault_aware must be a FaultSpec or None, got {self.fault_aware!r}")
+        if self.fault_aware is not None and self.randbet is not None:
+            raise ValueError("give at most one of randbet= and fault_aware=: both replace the "
+                             "forward pass's weights")
+        if self.fault_aware is not None and self.format is not None \
+                and self.fault_aware.format != self.format:
+            raise ValueError(f"fault_aware.format ({self.fault_aware.format}) must equal "
+                             f"format ({self.format}); set format=None to use the spec's")
+        clip = self.activation_clip
+        if isinstance(clip, str):
+            if clip != "calibrate":
+                raise ValueError(f"activation_clip must be a positive number, 'calibrate' or "
+                                 f"None, got {clip!r}")
+        else:
+            object.__setattr__(self, "activation_clip",
+                               _check_positive(clip, "activation_clip"))
+        q = self.activation_quantile
+        if isinstance(q, bool) or not isinstance(q, (int, float, np.floating)) \
+                or not 0.0 < float(q) <= 1.0:
+            raise ValueError(f"activation_quantile must be in (0, 1], got {q!r}")
+        object.__setattr__(self, "activation_quantile", float(q))
+
+    @property
+    def stored_format(self) -> Format | None:
+        """The format the weights are stored in: ``format``, else the fault-aware spec's."""
+        if self.format is not None:
+            return self.format
+        return self.fault_aware.format if self.fault_aware is not None else None
+
+    def replace(self, **changes: Any) -> Recipe:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "format": None if self.format is None else self.format.to_dict(),
+            "weight_clip": self.weight_clip,
+            "randbet": None if self.randbet is None else self.randbet.to_dict(),
+            "fault_aware": None if self.fault_aware is None else self.fault_aware.to_dict(),
+            "activation_clip": self.activation_clip,
+            "activation_quantile": self.activation_quantile,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Recipe:
+        if not isinstance(data, Mapping):
+            raise TypeError(f"a recipe must be a mapping, got {type(data).__name__}")
+        _unknown_keys(data, {f.name for f in dataclasses.fields(cls)}, "recipe")
+        return cls(**dict(data))
+
+    # ---- the published recipes -----------------------------------------------------------
+
+    @classmethod
+    def normal(cls, format: Format | None = None) -> Recipe:
+        """Quantisation-aware training, no robustness measure (8-bit symmetric by default)."""
+        return cls(name="normal", format=format or IntQuant(8))
+
+    @classmethod
+    def clipped(cls, w_max: float = 0.1, format: Format | None = None) -> Recipe:
+        """Weight clipping to [-w_max, w_max]."""
+        return cls(name=f"clip{w_max:g}", format=format or IntQuant(8), weight_clip=w_max)
+
+    @classmethod
+    def randbet_clipped(cls, w_max: float = 0.1, p_train: float = 0.1, seed: int = 0,
+                        format: Format | None = None) -> Recipe:
+        """Weight clipping plus random bit error training at ``p_train``."""
+        return cls(name=f"clip{w_max:g}+randbet{p_train:g}", format=format or IntQuant(8),
+                   weight_clip=w_max, randbet=RandBET(p_train=p_train, seed=seed))
+
+
+@dataclass(frozen=True)
+class EpochRecord:
+    """One epoch of a training history (``perturbed_loss`` is NaN without RandBET)."""
+
+    epoch: int
+    loss: float
+    clean_loss: float
+    perturbed_loss: float
+    train_accuracy: float
+    val_accuracy: float
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def history_columns(history: list[EpochRecord]) -> dict[str, list[float]]:
+    """A history as columns, the shape ``bitfault.report.plot_training`` reads."""
+    keys = [f.name for f in dataclasses.fields(EpochRecord)]
+    return {k: [getattr(r, k) for r in history] for k in keys}
+
+
+__all__ = ["EpochRecord", "RandBET", "Recipe", "history_columns"]
