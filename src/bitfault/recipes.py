@@ -90,8 +90,9 @@ class RandBET:
         if not isinstance(self.fault, _FaultBase):
             raise TypeError(f"fault must be BitFlip() or StuckAt(0|1), got {self.fault!r}")
 
-    def spec(self, format: Format, step: int = 0) -> FaultSpec:
-        """The fault spec of the perturbed term (transient, fresh map per step)."""
+    def spec(self, format: Format) -> FaultSpec:
+        """The fault spec of the perturbed term (transient: ``spec.map_for(name, shape,
+        step=t)`` is step t's map)."""
         return FaultSpec(format=format, fault=self.fault, ber=self.p_train, seed=self.seed,
                          persistence="transient", resample="step")
 
@@ -132,6 +133,12 @@ class Recipe:
             raise TypeError(f"randbet must be a RandBET or None, got {self.randbet!r}")
         if self.randbet is not None and self.format is None:
             raise ValueError("randbet needs a format: bit errors hit stored words")
+        if self.randbet is not None:
+            try:  # the fault model's bit positions must exist in the format
+                self.randbet.spec(self.format)
+            except ValueError as exc:
+                raise ValueError(f"randbet.fault does not fit format {self.format}: {exc}") \
+                    from exc
         if isinstance(self.fault_aware, Mapping):
             object.__setattr__(self, "fault_aware", FaultSpec.from_dict(self.fault_aware))
         if self.fault_aware is not None and not isinstance(self.fault_aware, FaultSpec):
@@ -152,7 +159,7 @@ class Recipe:
             object.__setattr__(self, "activation_clip",
                                _check_positive(clip, "activation_clip"))
         q = self.activation_quantile
-        if isinstance(q, bool) or not isinstance(q, (int, float, np.floating)) \
+        if isinstance(q, bool) or not isinstance(q, (int, float, np.integer, np.floating)) \
                 or not 0.0 < float(q) <= 1.0:
             raise ValueError(f"activation_quantile must be in (0, 1], got {q!r}")
         object.__setattr__(self, "activation_quantile", float(q))

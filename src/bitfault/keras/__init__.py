@@ -1,4 +1,5 @@
-"""bitfault for Keras 3 on the TensorFlow backend: faulty layers, ``inject``, resampling.
+"""bitfault for Keras 3 on the TensorFlow backend: faulty layers, ``inject``, resampling,
+and training by a ``bitfault.recipes.Recipe`` (``fit``, ``clip_weights``, ``bound_relus``).
 
 ``import bitfault`` never imports Keras; importing this package does, and
 raises ImportError unless Keras runs on TensorFlow.
@@ -24,8 +25,23 @@ from bitfault.keras.layers import (
     FaultyEmbedding,
     FaultyLayer,
 )
+from bitfault.keras.recipes import (
+    BoundedReLU,
+    ClipWeights,
+    bound_relus,
+    bound_relus_,
+    calibrate_relu_thresholds,
+    clip_weights,
+    quantised_weights,
+    relu_bounds,
+    relu_sites,
+    stored_weights,
+)
+from bitfault.keras.training import evaluate, fit, randbet_step
 
 __all__ = [
+    "BoundedReLU",
+    "ClipWeights",
     "FaultyConv1D",
     "FaultyConv2D",
     "FaultyConv3D",
@@ -34,8 +50,19 @@ __all__ = [
     "FaultyEmbedding",
     "FaultyLayer",
     "ResampleFaults",
+    "bound_relus",
+    "bound_relus_",
+    "calibrate_relu_thresholds",
+    "clip_weights",
+    "evaluate",
     "fault_maps",
     "faulty_layers",
+    "fit",
     "inject",
+    "quantised_weights",
+    "randbet_step",
+    "relu_bounds",
+    "relu_sites",
     "resample",
+    "stored_weights",
 ]

@@ -1,4 +1,9 @@
-"""PyTorch reference models (imports torch)."""
+"""PyTorch reference models (imports torch).
+
+ReLUs are ``nn.ReLU`` modules (``act1``, ``act2``) so that
+``bitfault.torch.bound_relus_`` can swap them for bounded ones; they hold no
+parameters, so ``state_dict()`` keys are the layers' own (``fc1.weight``, ...).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,8 @@ import math
 
 import torch
 from torch import nn
+
+NORMS = (None, "batch", "group")
 
 
 def _seed_init_(layer: nn.Module, generator: torch.Generator) -> None:
@@ -28,35 +35,67 @@ class SeedMLP(nn.Module):
         self.fc1 = nn.Linear(inputs, hidden)
         self.fc2 = nn.Linear(hidden, hidden)
         self.fc3 = nn.Linear(hidden, classes)
+        self.act1 = nn.ReLU()
+        self.act2 = nn.ReLU()
         g = torch.Generator().manual_seed(seed)
         for layer in (self.fc1, self.fc2, self.fc3):
             _seed_init_(layer, g)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.flatten(1)
-        x = torch.relu(self.fc1(x))
-        x = torch.relu(self.fc2(x))
+        x = self.act1(self.fc1(x))
+        x = self.act2(self.fc2(x))
         return self.fc3(x)
 
 
+def _norm(kind: str | None, channels: int, groups: int) -> nn.Module | None:
+    if kind is None:
+        return None
+    if kind == "batch":
+        return nn.BatchNorm2d(channels)
+    return nn.GroupNorm(math.gcd(groups, channels), channels)
+
+
 class SmallCNN(nn.Module):
-    """Two 3x3 conv layers (conv1, conv2) with max pooling, then one linear layer (fc)."""
+    """Two 3x3 conv layers (conv1, conv2) with max pooling, then one linear layer (fc).
+
+    ``norm``: None, ``"batch"`` (BatchNorm2d) or ``"group"`` (GroupNorm with ``groups``
+    groups, fewer if the channels do not divide) after each conv (``norm1``, ``norm2``),
+    before its ReLU. Norm layers are not Linear/Conv modules, so ``inject_``'s default
+    filter leaves their affine weights unfaulted (pass ``filter_fn`` to include them).
+    """
 
     def __init__(self, channels: tuple[int, int] = (16, 32), classes: int = 10,
-                 seed: int = 0) -> None:
+                 seed: int = 0, norm: str | None = None, groups: int = 4) -> None:
         super().__init__()
+        if norm not in NORMS:
+            raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
+        if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+            raise ValueError(f"groups must be a positive integer, got {groups!r}")
         c1, c2 = channels
         self.conv1 = nn.Conv2d(1, c1, 3, padding=1)
         self.conv2 = nn.Conv2d(c1, c2, 3, padding=1)
         self.fc = nn.Linear(c2 * 7 * 7, classes)
+        self.norm = norm
+        if norm is not None:
+            self.norm1 = _norm(norm, c1, groups)
+            self.norm2 = _norm(norm, c2, groups)
+        self.act1 = nn.ReLU()
+        self.act2 = nn.ReLU()
         g = torch.Generator().manual_seed(seed)
         for layer in (self.conv1, self.conv2, self.fc):
             _seed_init_(layer, g)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.reshape(-1, 1, 28, 28)
-        x = torch.max_pool2d(torch.relu(self.conv1(x)), 2)
-        x = torch.max_pool2d(torch.relu(self.conv2(x)), 2)
+        x = self.conv1(x)
+        if self.norm is not None:
+            x = self.norm1(x)
+        x = torch.max_pool2d(self.act1(x), 2)
+        x = self.conv2(x)
+        if self.norm is not None:
+            x = self.norm2(x)
+        x = torch.max_pool2d(self.act2(x), 2)
         return self.fc(x.flatten(1))
 
 
@@ -64,8 +103,9 @@ def seed_mlp(hidden: int = 256, seed: int = 0) -> SeedMLP:
     return SeedMLP(hidden=hidden, seed=seed)
 
 
-def small_cnn(channels: tuple[int, int] = (16, 32), seed: int = 0) -> SmallCNN:
-    return SmallCNN(channels=channels, seed=seed)
+def small_cnn(channels: tuple[int, int] = (16, 32), seed: int = 0,
+              norm: str | None = None) -> SmallCNN:
+    return SmallCNN(channels=channels, seed=seed, norm=norm)
 
 
-__all__ = ["SeedMLP", "SmallCNN", "seed_mlp", "small_cnn"]
+__all__ = ["NORMS", "SeedMLP", "SmallCNN", "seed_mlp", "small_cnn"]

@@ -9,7 +9,9 @@
     handle.remove()                     # the model is exactly as before
 
 ``inject`` is the tensor-level twin of ``bitfault.inject``: the same bits, on a
-torch tensor, on its device. Importing this module imports torch.
+torch tensor, on its device. ``fit`` trains for bit-error robustness as a
+``bitfault.recipes.Recipe`` says (weight clipping, RandBET, bounded ReLUs;
+docs/recipes.md). Importing this module imports torch.
 """
 
 from __future__ import annotations
@@ -22,5 +24,21 @@ except ModuleNotFoundError as exc:  # pragma: no cover - exercised only without 
 
 from bitfault.torch._inject import DEFAULT_MODULES, FaultHandle, batch_map, inject_
 from bitfault.torch._tensor import inject
+from bitfault.torch.recipes import (
+    BoundedReLU,
+    ClipHandle,
+    bound_relus_,
+    calibrate_relu_thresholds,
+    clip_weights_,
+)
+from bitfault.torch.training import (
+    evaluate,
+    fit,
+    quantised_weights,
+    randbet_step,
+    stored_weights,
+)
 
-__all__ = ["DEFAULT_MODULES", "FaultHandle", "batch_map", "inject", "inject_"]
+__all__ = ["DEFAULT_MODULES", "BoundedReLU", "ClipHandle", "FaultHandle", "batch_map",
+           "bound_relus_", "calibrate_relu_thresholds", "clip_weights_", "evaluate", "fit",
+           "inject", "inject_", "quantised_weights", "randbet_step", "stored_weights"]
