@@ -88,6 +88,10 @@ def main() -> int:
     parser.add_argument("--idx", default=None, help="a full MNIST IDX directory (default: the "
                         "embedded 5,000 digits, 4,000 train / 1,000 held out)")
     parser.add_argument("--out", default="robustness_mnist", help="output directory")
+    parser.add_argument("--recipes", default="normal,clipped,clipped+randbet",
+                        help="comma-separated subset of: normal,clipped,clipped+randbet")
+    parser.add_argument("--w-max", type=float, default=None, help="override every model's w_max")
+    parser.add_argument("--p-train", type=float, default=None, help="override RandBET's p_train")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -100,7 +104,9 @@ def main() -> int:
     results: dict = {}
     for model_name in args.models.split(","):
         setting = SETTINGS[model_name]
-        for recipe_name, recipe in recipes(setting["w_max"], setting["p_train"]).items():
+        chosen = recipes(args.w_max or setting["w_max"], args.p_train or setting["p_train"])
+        for recipe_name in args.recipes.split(","):
+            recipe = chosen[recipe_name]
             start = time.perf_counter()
             model = setting["build"]()
             history = fit(model, xtr, ytr, recipe, epochs=args.epochs, batch_size=100,

@@ -41,3 +41,60 @@ def test_bad_input_exits_2_with_one_line(tmp_path: Path) -> None:
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == ["bitfault: error: ber must be in [0, 1], got 1.5"]
     assert not (tmp_path / "x.npz").exists()
+
+
+# ---- the run commands: exit codes and --json on bad input (no framework needed) -------------
+
+
+def test_bad_config_exits_2_with_one_line(tmp_path: Path) -> None:
+    config = tmp_path / "run.yaml"
+    config.write_text("train:\n  epoch: 3\n")
+    out = bitfault_cli("train", str(config))
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.strip().splitlines() == [
+        "bitfault: error: config key 'train.epoch': unknown; allowed: batch_size, epochs, lr, "
+        "optimizer, weight_decay"]
+    out = bitfault_cli("--json", "campaign", str(config))
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
+    assert json.loads(out.stdout) == {
+        "command": "campaign", "ok": False, "exit_code": 2,
+        "error": "config key 'train.epoch': unknown; allowed: batch_size, epochs, lr, optimizer, "
+                 "weight_decay"}
+    assert not (tmp_path / "runs").exists()
+
+
+def test_bad_paths_exit_2(tmp_path: Path) -> None:
+    for args, cause in [
+        (("report", str(tmp_path / "nope")), f"{tmp_path / 'nope'}: no such run directory"),
+        (("campaign", str(tmp_path / "nope.yaml")), f"{tmp_path / 'nope.yaml'}: no such config"),
+        (("train", str(tmp_path / "c.ini")), f"{tmp_path / 'c.ini'}: config files end in .yaml"),
+        (("inject", str(tmp_path / "m.pt"), "--spec", "s.json", "--output", "o.pt"),
+         f"{tmp_path / 'm.pt'}: no such model file"),
+        (("inject", str(tmp_path), "--output", "o.pt"), "give a fault spec (--spec)"),
+    ]:
+        out = bitfault_cli(*args, "--json")
+        assert out.returncode == 2, (args, out.stderr)
+        [line] = out.stderr.strip().splitlines()
+        assert line.startswith(f"bitfault: error: {cause}"), line
+        assert json.loads(out.stdout)["error"].startswith(cause)
+
+
+def test_usage_errors_are_one_line_and_help_is_not_an_error() -> None:
+    out = bitfault_cli("train")
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        "bitfault: error: the following arguments are required: config (see `bitfault train "
+        "--help`)"]
+    out = bitfault_cli("demo", "--framework", "jax")
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
+    out = bitfault_cli()
+    assert out.returncode == 0 and "demo" in out.stdout and "inject" in out.stdout
+
+
+def test_json_flag_before_or_after_the_command(tmp_path: Path) -> None:
+    for args in (("--json", "map", str(tmp_path / "a.npz")), ("map", str(tmp_path / "a.npz"),
+                                                             "--json")):
+        out = bitfault_cli(*args, "--shape", "8,8", "--name", "w", "--count", "3")
+        assert out.returncode == 0, out.stderr
+        result = json.loads(out.stdout)
+        assert (result["command"], result["ok"], result["faults"]) == ("map", True, 3)

@@ -1,27 +1,114 @@
 """The ``bitfault`` command line.
 
-Today it offers ``--version`` and ``map`` (draw a fault map and save it as npz);
-``demo``, ``train``, ``campaign``, ``report`` and ``inject`` arrive with the CLI
-issue. Exit codes: 0 on success, 2 with a one-line cause on bad input.
+    bitfault demo [--fast]                 train, measure and report on the embedded MNIST digits
+    bitfault train CONFIG                  one model per recipe into the run directory
+    bitfault campaign CONFIG|RUN_DIR       accuracy under bit faults (resumable)
+    bitfault report RUN_DIR                plots, HTML, CSV/JSON in RUN_DIR/report
+    bitfault inject MODEL --spec S|--map M --output OUT   a faulty copy of a saved model
+    bitfault map OUT --shape ... --ber ... draw a fault map and save it as .npz
+
+Global options (before or after the command): ``--quiet`` (no progress or notes on
+stderr), ``--json`` (one JSON object on stdout, nothing else there; progress off).
+Exit codes: 0 on success; 2 on bad input (config, arguments, paths) and 1 on any other
+failure, each with one line ``bitfault: error: <cause>`` on stderr. With ``--json`` a
+failure also prints ``{"command", "ok": false, "error", "exit_code"}``; success
+objects carry ``"command"`` and ``"ok": true`` plus the command's own keys (README,
+"Command line"). The work itself lives in ``bitfault.jobs``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
+from typing import Any, NoReturn
 
 import bitfault
-from bitfault.faults import BitFlip
-from bitfault.formats import format_from_dict
-from bitfault.maps import FaultMap
+
+BAD_INPUT = 2
+FAILURE = 1
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (exit 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"bitfault: error: {message} (see `{self.prog} --help`)", file=sys.stderr)
+        raise SystemExit(BAD_INPUT)
+
+
+def _common(sub: argparse.ArgumentParser) -> None:
+    # SUPPRESS: a flag given after the command must not be reset by the subparser's default
+    sub.add_argument("--quiet", action="store_true", default=argparse.SUPPRESS,
+                     help="no progress bars or notes on stderr")
+    sub.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                     help="print one JSON object on stdout and nothing else")
+
+
+def _framework(sub: argparse.ArgumentParser, what: str) -> None:
+    sub.add_argument("--framework", choices=("torch", "keras"), default=None, help=what)
+    sub.add_argument("--threads", type=int, default=None, metavar="N",
+                     help="CPU threads for PyTorch/TensorFlow (default: 1, or OMP_NUM_THREADS "
+                     "if set: the models are small, and extra threads competing for busy "
+                     "cores make training several times slower)")
+
+
+def _set_threads(threads: int | None) -> None:
+    """One framework thread unless told otherwise; set before torch/TF are imported."""
+    if threads is not None and threads < 1:
+        raise ValueError(f"--threads must be a positive integer, got {threads}")
+    n = str(threads) if threads is not None else os.environ.get("OMP_NUM_THREADS", "1")
+    for var in ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS"):
+        if threads is not None:
+            os.environ[var] = n
+        else:
+            os.environ.setdefault(var, n)
+    if threads is not None and "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(threads)
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="bitfault", description=bitfault.__doc__.splitlines()[0])
+    parser = _Parser(prog="bitfault", description=bitfault.__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"bitfault {bitfault.__version__}")
-    sub = parser.add_subparsers(dest="command")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars or notes")
+    parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+
+    d = sub.add_parser("demo", help="train the seed MLP normally, fault-aware and robust on "
+                       "the embedded MNIST digits, sweep bit error rates, write a report")
+    d.add_argument("--fast", action="store_true", help="a smoke test: 1,000 digits, 2 epochs, "
+                   "3 rates x 3 chips (seconds)")
+    d.add_argument("--output", default="bitfault-demo", help="run directory (default: "
+                   "bitfault-demo)")
+    _framework(d, "framework to train and evaluate in (default: torch)")
+
+    t = sub.add_parser("train", help="train one model per recipe of a config")
+    t.add_argument("config", help="config file (.yaml, .yml, .toml or .json)")
+    t.add_argument("--output", default=None, help="run directory (default: the config's)")
+    _framework(t, "override the config's framework")
+    t.add_argument("--overwrite", action="store_true", help="replace a run directory trained "
+                   "with other settings")
+
+    c = sub.add_parser("campaign", help="measure the trained models under bit faults")
+    c.add_argument("source", help="a run directory, or a config (its output is the run)")
+    c.add_argument("--output", default=None, help="run directory, when SOURCE is a config")
+    _framework(c, "must match the run's framework")
+
+    r = sub.add_parser("report", help="write RUN_DIR/report: plots, report.html, CSV/JSON")
+    r.add_argument("run_dir")
+
+    i = sub.add_parser("inject", help="apply a fault spec or saved maps to a saved model and "
+                       "write the faulty copy")
+    i.add_argument("model", help="a PyTorch state_dict (.pt/.pth) or a Keras .keras file")
+    i.add_argument("--spec", default=None, help="fault spec file (.json/.yaml of "
+                   "FaultSpec.to_dict())")
+    i.add_argument("--map", action="append", default=[], dest="maps", metavar="MAP",
+                   help="fault map .npz (repeatable); each applies to the tensor it names")
+    i.add_argument("--output", required=True, help="where to write the faulty model")
+    _framework(i, "framework of MODEL (default: from its suffix)")
+
     m = sub.add_parser("map", help="draw a random fault map and save it as .npz")
     m.add_argument("output", help="the .npz file to write")
     m.add_argument("--shape", required=True, help="tensor shape in PyTorch layout, e.g. 256,784")
@@ -33,32 +120,172 @@ def _parser() -> argparse.ArgumentParser:
     group.add_argument("--count", type=int, help="exact number of faulty bits")
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--bits", default=None, help='eligible bits: positions or fields, e.g. "msb"')
-    m.add_argument("--json", action="store_true", help="print a JSON summary")
+    for s in (d, t, c, r, i, m):
+        _common(s)
     return parser
 
 
+# ---- commands: each returns (JSON-ready result, text for people) -----------------------------
+
+
+def _models_json(summary: dict[str, Any]) -> dict[str, Any]:
+    keep = ("ber", "mean", "ci_low", "ci_high", "min", "max", "n")
+    return {name: {"clean_accuracy": m["clean_accuracy"], "ran": m["ran"],
+                   "skipped": m["skipped"],
+                   "rates": [{k: row.get(k) for k in keep} for row in m["rate"]]}
+            for name, m in summary["models"].items()}
+
+
+def _demo(args: argparse.Namespace, reporter: Any) -> tuple[dict[str, Any], str]:
+    from bitfault.jobs import demo
+
+    out = demo(fast=args.fast, output=args.output, framework=args.framework,
+               reporter=reporter)
+    models = _models_json(out["summary"])
+    for name, info in out["train"].items():
+        models.setdefault(name, {}).update(val_accuracy=info["val_accuracy"],
+                                           trained=info["trained"])
+    result = {"run_dir": out["run_dir"], "report": out["report"], "models": models,
+              "files": out["files"]}
+    text = (f"{out['table']}\n\nreport: {out['report']}\nrun directory: {out['run_dir']} "
+            f"(models, campaign stores, config.json)")
+    return result, text
+
+
+def _train(args: argparse.Namespace, reporter: Any) -> tuple[dict[str, Any], str]:
+    from bitfault.config import load_config
+    from bitfault.jobs import train
+
+    config = load_config(args.config)
+    changes = {k: v for k, v in (("output", args.output), ("framework", args.framework))
+               if v is not None}
+    config = config.replace(**changes)
+    rd, results = train(config, reporter=reporter, overwrite=args.overwrite)
+    lines = [f"{name}: test accuracy {info['val_accuracy']:.3f} after {info['epochs']} epochs"
+             f"{'' if info['trained'] else ' (reused)'} -> {info['model']}"
+             for name, info in results.items()]
+    lines.append(f"next: bitfault campaign {rd.path}")
+    return {"run_dir": str(rd.path), "models": results}, "\n".join(lines)
+
+
+def _campaign(args: argparse.Namespace, reporter: Any) -> tuple[dict[str, Any], str]:
+    from bitfault.jobs import format_rate_table, run_campaign
+
+    if os.path.isdir(args.source):
+        if args.output is not None:
+            raise ValueError("--output goes with a config; a run directory is its own output")
+        summary = run_campaign(args.source, framework=args.framework, reporter=reporter)
+        run_dir = args.source
+    else:
+        from bitfault.config import load_config
+
+        config = load_config(args.source)
+        if args.output is not None:
+            config = config.replace(output=args.output)
+        summary = run_campaign(config.output, config, framework=args.framework,
+                               reporter=reporter)
+        run_dir = config.output
+    from bitfault.jobs import RunDir
+
+    result = {"run_dir": str(run_dir), "summary": str(RunDir(run_dir).summary_path),
+              "models": _models_json(summary)}
+    return result, f"{format_rate_table(summary)}\n\nnext: bitfault report {run_dir}"
+
+
+def _report(args: argparse.Namespace, reporter: Any) -> tuple[dict[str, Any], str]:
+    from bitfault.jobs import make_report
+
+    files = make_report(args.run_dir)
+    plots = sum(p.endswith(".png") for p in files.values())
+    return ({"report": files["html"], "files": files},
+            f"report: {files['html']} ({plots} plots; numbers in summary.csv/json)")
+
+
+def _inject(args: argparse.Namespace, reporter: Any) -> tuple[dict[str, Any], str]:
+    from bitfault.jobs import inject_file
+
+    out = inject_file(args.model, args.output, spec=args.spec, maps=args.maps,
+                      framework=args.framework)
+    lines = [f"{name} {tuple(t['shape'])}: {t['faults']} faulty bits, {t['changed_values']} "
+             "values changed" for name, t in out["tensors"].items()]
+    lines.append(f"wrote {out['output']}: {out['faults']} faulty bits in {len(out['tensors'])} "
+                 f"tensors ({out['changed_values']} values changed)")
+    return out, "\n".join(lines)
+
+
+def _map(args: argparse.Namespace, reporter: Any) -> tuple[dict[str, Any], str]:
+    from bitfault.faults import BitFlip
+    from bitfault.formats import format_from_dict
+    from bitfault.maps import FaultMap
+
+    shape = tuple(int(d) for d in args.shape.split(","))
+    try:
+        fmt_data = json.loads(args.format)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--format must be JSON ({exc})") from None
+    fmt = format_from_dict(fmt_data)
+    bits = None
+    if args.bits:
+        bits = [int(b) if b.strip().isdigit() else b.strip() for b in args.bits.split(",")]
+    fmap = FaultMap.random(shape, fmt, ber=args.ber, count=args.count, seed=args.seed,
+                           name=args.name, bits=bits, fault=BitFlip())
+    fmap.save(args.output)
+    summary = {"output": args.output, "name": fmap.name, "shape": list(fmap.shape),
+               "faults": fmap.n_faults, "elements": fmap.n_elements, "digest": fmap.digest()}
+    return summary, (f"wrote {args.output}: {fmap.n_faults} faulty bits in {fmap.n_elements} "
+                     f"elements of {args.name} {fmap.shape}")
+
+
+COMMANDS = {"demo": _demo, "train": _train, "campaign": _campaign, "report": _report,
+            "inject": _inject, "map": _map}
+
+
+def _exit_code(exc: BaseException) -> int:
+    from bitfault.config import ConfigError
+
+    if isinstance(exc, (ConfigError, ValueError, TypeError, KeyError, OSError)) \
+            and not isinstance(exc, ImportError):
+        return BAD_INPUT
+    return FAILURE
+
+
+def _one_line(exc: BaseException) -> str:
+    text = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+    text = " ".join(str(text).split()) or type(exc).__name__
+    if not isinstance(exc, (ValueError, TypeError, OSError, KeyError, ImportError)):
+        text = f"{type(exc).__name__}: {text}"
+    return text
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up chatter
     args = _parser().parse_args(argv)
     if args.command is None:
         _parser().print_help()
         return 0
+    from bitfault.jobs.progress import Reporter
+
+    reporter = Reporter(enabled=not (args.quiet or args.json))
     try:
-        shape = tuple(int(d) for d in args.shape.split(","))
-        fmt = format_from_dict(json.loads(args.format))
-        bits = None
-        if args.bits:
-            bits = [int(b) if b.strip().isdigit() else b.strip() for b in args.bits.split(",")]
-        fmap = FaultMap.random(shape, fmt, ber=args.ber, count=args.count, seed=args.seed,
-                               name=args.name, bits=bits, fault=BitFlip())
-        fmap.save(args.output)
-    except (ValueError, TypeError, OSError) as exc:
-        print(f"bitfault: error: {exc}", file=sys.stderr)
-        return 2
-    summary = {"output": args.output, "name": fmap.name, "shape": list(fmap.shape),
-               "faults": fmap.n_faults, "elements": fmap.n_elements, "digest": fmap.digest()}
-    print(json.dumps(summary) if args.json else
-          f"wrote {args.output}: {fmap.n_faults} faulty bits in {fmap.n_elements} elements "
-          f"of {args.name} {fmap.shape}")
+        if hasattr(args, "threads"):
+            _set_threads(args.threads)
+        result, text = COMMANDS[args.command](args, reporter)
+    except KeyboardInterrupt:
+        print("bitfault: error: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        code, message = _exit_code(exc), _one_line(exc)
+        print(f"bitfault: error: {message}", file=sys.stderr)
+        if args.json:
+            print(json.dumps({"command": args.command, "ok": False, "error": message,
+                              "exit_code": code}))
+        return code
+    if args.json:
+        from bitfault.jobs.run_dir import jsonable
+
+        print(json.dumps(jsonable({"command": args.command, "ok": True, **result})))
+    else:
+        print(text)
     return 0
 
 

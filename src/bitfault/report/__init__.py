@@ -27,11 +27,14 @@ def build_report(
     histories: Mapping[str, Mapping[str, Sequence[float]]] | None = None,
     title: str = "bitfault report",
     intro: str = "",
+    tables: Sequence[tuple[str, Sequence[Mapping[str, Any]], Sequence[str]]] = (),
 ) -> dict[str, str]:
     """Write every plot, ``summary.csv``/``summary.json`` and ``report.html`` into ``out_dir``.
 
     ``rate_rows[model]``, ``layer_rows[model]`` and ``bit_rows[model]`` are summary rows
-    as ``CampaignResult.summary()`` returns them. Returns {artefact: path}.
+    as ``CampaignResult.summary()`` returns them; ``histories[model]`` as
+    ``plot_training`` reads them. ``tables``: more (caption, rows, columns) tables for
+    the page, before the rate-sweep table. Returns {artefact: path}.
     """
     os.makedirs(out_dir, exist_ok=True)
     if not rate_rows:
@@ -55,7 +58,8 @@ def build_report(
                             f"{'tensor' if by == 'target' else 'bit position'}", out[key]))
     if histories:
         out["training"] = plot_training(histories, os.path.join(out_dir, "training.png"))
-        figures.append(("Training loss and test accuracy per epoch.", out["training"]))
+        figures.append(("Training loss and test accuracy per epoch (clean stored weights; "
+                        "dotted: accuracy on the training batches).", out["training"]))
     summary = [{"model": model, **row}
                for group in (rate_rows, layer_rows or {}, bit_rows or {})
                for model, rows in group.items() for row in rows]
@@ -63,7 +67,7 @@ def build_report(
                                                          os.path.join(out_dir, "summary"))
     rate_table = [{"model": m, **r} for m, rows in rate_rows.items() for r in rows]
     out["html"] = write_html(os.path.join(out_dir, "report.html"), title, intro, figures,
-                             [("Rate sweep", rate_table, _SUMMARY_COLUMNS)])
+                             [*tables, ("Rate sweep", rate_table, _SUMMARY_COLUMNS)])
     return out
 
 

@@ -7,6 +7,7 @@ or training histories) and writes one PNG; none needs a framework.
 from __future__ import annotations
 
 import os
+import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -84,30 +85,53 @@ def plot_heatmap(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike[str]
             ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7,
                     color="white" if v < 0.5 else "black")
     fig.colorbar(image, ax=ax, label="mean accuracy")
-    ax.set_title(title, fontsize=9)
+    width = fig.get_size_inches()[0]
+    ax.set_title(textwrap.fill(title, max(30, int(width * 9))), fontsize=9)
     return _save(fig, path)
 
 
 def plot_training(histories: Mapping[str, Mapping[str, Sequence[float]]],
                   path: str | os.PathLike[str]) -> str:
-    """Loss and accuracy per epoch for each model (``histories[model] = {"loss": [...], ...}``)."""
+    """Loss and accuracy per epoch for each model.
+
+    ``histories[model]`` holds ``"loss"`` and ``"accuracy"`` (test accuracy) lists, or
+    the columns of ``bitfault.recipes.history_columns``: then ``"clean_loss"`` is the
+    loss drawn (without RandBET's perturbed term), ``"val_accuracy"`` the test
+    accuracy (solid) and ``"train_accuracy"`` is dotted. NaN/None are gaps.
+    """
     plt = _pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6))
     for i, (model, hist) in enumerate(histories.items()):
-        for key, ax in (("loss", left), ("accuracy", right)):
+        test_key = "val_accuracy" if _finite(hist.get("val_accuracy")) else "accuracy"
+        loss_key = "clean_loss" if _finite(hist.get("clean_loss")) else "loss"
+        for key, ax, style, label in ((loss_key, left, "o-", model),
+                                      (test_key, right, "o-", model),
+                                      ("train_accuracy", right, ":", None)):
             values = hist.get(key)
-            if values:
-                ax.plot(range(1, len(values) + 1), values, "o-", color=f"C{i}", label=model,
+            if _finite(values):
+                y = np.array([np.nan if v is None else v for v in values], dtype=float)
+                ax.plot(range(1, len(y) + 1), y, style, color=f"C{i}", label=label,
                         markersize=3)
     left.set_xlabel("epoch")
     left.set_ylabel("training loss")
     right.set_xlabel("epoch")
-    right.set_ylabel("test accuracy")
+    right.set_ylabel("test accuracy (dotted: training batches)")
+    from matplotlib.ticker import MaxNLocator
+
     for ax in (left, right):
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
     fig.suptitle("training curves", fontsize=10)
     return _save(fig, path)
+
+
+def _finite(values: Sequence[float] | None) -> bool:
+    """Whether ``values`` holds at least one finite number."""
+    if not values:
+        return False
+    return any(v is not None and np.isfinite(v) for v in values)
 
 
 __all__ = ["plot_heatmap", "plot_rate_sweep", "plot_training"]

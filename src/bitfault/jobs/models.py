@@ -1,0 +1,147 @@
+"""Models for jobs: build from a config (built-in or ``module:callable``), save, reload.
+
+Frameworks are imported when a function needs them. A saved model is rebuilt from
+``model.json`` (framework, name, kwargs, seed, bounded ReLUs) plus its weights, so a
+user model needs its module importable again when the run is reused.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+from typing import Any
+
+from bitfault.config import FRAMEWORKS, ConfigError, ModelConfig
+from bitfault.jobs.run_dir import MODEL_FILES, read_json, write_json
+
+
+def resolve_callable(name: str) -> Any:
+    """``"package.module:attr.path"`` -> the object; errors name ``model.name``."""
+    module_name, _, attr = name.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError("model.name", name, f"'package.module:callable' with an importable "
+                          f"module ({type(exc).__name__}: {exc})") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ConfigError("model.name", name, f"'package.module:callable'; module "
+                              f"{module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ConfigError("model.name", name, f"a callable; {attr!r} is a "
+                          f"{type(obj).__name__}")
+    return obj
+
+
+def _check_framework(framework: str) -> None:
+    if framework not in FRAMEWORKS:
+        raise ConfigError("framework", framework, ", ".join(FRAMEWORKS))
+
+
+def build_model(model: ModelConfig, framework: str, seed: int = 0) -> Any:
+    """A fresh model: the built-in of that framework, or the user's callable(**kwargs)."""
+    _check_framework(framework)
+    kwargs = dict(model.kwargs)
+    if model.builtin:
+        if framework == "torch":
+            from bitfault.models import torch as zoo
+        else:
+            from bitfault.models import keras as zoo
+        factory = getattr(zoo, model.name)
+        kwargs.setdefault("seed", seed)
+        if "channels" in kwargs:
+            kwargs["channels"] = tuple(kwargs["channels"])
+    else:
+        factory = resolve_callable(model.name)
+    _seed_framework(framework, seed)
+    try:
+        built = factory(**kwargs)
+    except TypeError as exc:
+        raise ConfigError("model.kwargs", dict(model.kwargs),
+                          f"keyword arguments that {model.name} accepts ({exc})") from None
+    _check_type(built, framework, model.name)
+    return built
+
+
+def _seed_framework(framework: str, seed: int) -> None:
+    if framework == "torch":
+        import torch
+
+        torch.manual_seed(seed)
+    else:
+        import keras
+
+        keras.utils.set_random_seed(seed)
+
+
+def _check_type(model: Any, framework: str, name: str) -> None:
+    if framework == "torch":
+        from torch import nn
+
+        ok, want = isinstance(model, nn.Module), "a torch.nn.Module"
+    else:
+        import keras
+
+        ok, want = isinstance(model, keras.Model), "a keras.Model"
+    if not ok:
+        raise ConfigError("model.name", name, f"a callable returning {want} (framework "
+                          f"{framework!r}); it returned a {type(model).__name__}")
+
+
+def relu_bounds(model: Any) -> dict[str, float]:
+    """Bounded ReLUs of a trained PyTorch model (not in its state_dict), by module name."""
+    from bitfault.torch.recipes import BoundedReLU
+
+    return {n: m.threshold for n, m in model.named_modules() if isinstance(m, BoundedReLU)}
+
+
+def save_model(model: Any, directory: str | os.PathLike[str], framework: str,
+               spec: ModelConfig, seed: int) -> Path:
+    """Write the weights (model.pt / model.keras) and model.json into ``directory``."""
+    _check_framework(framework)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / MODEL_FILES[framework]
+    info: dict[str, Any] = {"framework": framework, "name": spec.name,
+                            "kwargs": dict(spec.kwargs), "seed": seed}
+    if framework == "torch":
+        import torch
+
+        info["relu_bounds"] = relu_bounds(model)
+        torch.save(model.state_dict(), path)
+    else:
+        model.save(path)
+    write_json(directory / "model.json", info)
+    return path
+
+
+def load_model(directory: str | os.PathLike[str]) -> Any:
+    """The model saved by ``save_model`` in ``directory`` (eval-ready, weights loaded)."""
+    directory = Path(directory)
+    info = read_json(directory / "model.json")
+    framework = info.get("framework")
+    _check_framework(framework)
+    spec = ModelConfig(info["name"], info.get("kwargs") or {})
+    path = directory / MODEL_FILES[framework]
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: missing (the model was not saved)")
+    if framework == "torch":
+        import torch
+
+        model = build_model(spec, "torch", info.get("seed", 0))
+        if info.get("relu_bounds"):
+            from bitfault.torch.recipes import bound_relus_
+
+            bound_relus_(model, info["relu_bounds"])
+        model.load_state_dict(torch.load(path, weights_only=True))
+        return model.eval()
+    import keras
+
+    if not spec.builtin:
+        resolve_callable(spec.name)  # registers the user's custom objects, if any
+    return keras.saving.load_model(path, compile=False)
+
+
+__all__ = ["build_model", "load_model", "relu_bounds", "resolve_callable", "save_model"]

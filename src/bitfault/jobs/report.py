@@ -1,0 +1,124 @@
+"""``make_report``: the report of a run directory, from its summary and training histories.
+
+Writes ``RUN_DIR/report/``: ``rate_sweep.png`` (accuracy vs bit error rate, every
+model on one plot with 95% confidence bands), ``layers_<model>.png`` and
+``bits_<model>.png`` heatmaps when the campaign ran those sweeps, ``training.png``,
+``summary.csv``/``summary.json`` and one self-contained ``report.html``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from bitfault.formats import format_from_dict
+from bitfault.jobs.run_dir import RunDir, read_json
+from bitfault.recipes import Recipe
+
+
+def describe_recipe(recipe: Recipe) -> str:
+    """One line on how a model was trained, e.g. "IntQuant(8) weights, clip 0.1, RandBET p=0.1"."""
+    parts = []
+    if recipe.format is not None:
+        parts.append(f"trained through {_fmt(recipe.format)} weights")
+    if recipe.fault_aware is not None:
+        fa = recipe.fault_aware
+        rate = f"ber {fa.ber:g}" if isinstance(fa.ber, float) else "given faults"
+        parts.append(f"fault-aware: {fa.persistence} {fa.fault.kind.replace('_', ' ')}s "
+                     f"at {rate} in {_fmt(fa.format)} weights ({fa.gradient} gradient)")
+    if recipe.weight_clip is not None:
+        parts.append(f"weights clipped to ±{recipe.weight_clip:g}")
+    if recipe.randbet is not None:
+        parts.append(f"random bit error training at p={recipe.randbet.p_train:g}")
+    if recipe.activation_clip is not None:
+        parts.append(f"ReLUs bounded ({recipe.activation_clip})")
+    return "; ".join(parts) or "plain float training"
+
+
+def _fmt(fmt: Any) -> str:
+    d = fmt.to_dict() if hasattr(fmt, "to_dict") else dict(fmt)
+    kind = d.get("kind")
+    if kind == "fixed_point":
+        return f"FixedPoint({d['bits']}, {d['frac']}, {d['rounding']})"
+    if kind == "int_quant":
+        sym = "" if d.get("symmetric", True) else ", asymmetric"
+        ch = ", per channel" if d.get("per_channel") else ""
+        return f"IntQuant({d['bits']}{sym}{ch})"
+    return f"Float({d.get('dtype')})"
+
+
+def make_report(run_dir: str | os.PathLike[str]) -> dict[str, str]:
+    """Write ``RUN_DIR/report/`` from ``summary.json`` (run a campaign first) and the
+    models' ``history.json``; returns {artefact: path}."""
+    from bitfault.report import build_report
+
+    rd = RunDir(run_dir)
+    config = rd.config()
+    if not rd.summary_path.is_file():
+        raise FileNotFoundError(f"{rd.summary_path}: missing; run `bitfault campaign "
+                                f"{rd.path}` first")
+    summary = read_json(rd.summary_path)
+    models = {name: m for name, m in summary.get("models", {}).items()
+              if any(r.name == name for r in config.recipes)}
+    if not models:
+        raise ValueError(f"{rd.summary_path}: holds no campaign result for this run's "
+                         f"recipes {[r.name for r in config.recipes]}")
+    histories = {}
+    for r in config.recipes:
+        if rd.trained(r.name):
+            cols: dict[str, list[Any]] = {}
+            for record in rd.history(r.name):
+                for k, v in record.items():
+                    cols.setdefault(k, []).append(v)
+            histories[r.name] = cols
+    c = config.campaign
+    rows_models = []
+    for r in config.recipes:
+        m = models.get(r.name)
+        if m is None:
+            continue
+        rows_models.append({"model": r.name, "stored as": _fmt(format_from_dict(m["format"])),
+                            "training": describe_recipe(r),
+                            "test accuracy, no faults": m["clean_accuracy"],
+                            "epochs": len(histories.get(r.name, {}).get("epoch", []))})
+    fault = c.fault.kind.replace("_", " ")
+    intro = (f"{len(models)} models ({config.model.name}, {config.framework}) trained on "
+             f"{config.data.source} data, then each evaluated on {summary.get('test_examples')} "
+             f"test examples with its weights stored in its format and {fault}s at each bit "
+             f"error rate: {c.chips} simulated chips per rate (chip c draws seed "
+             f"{c.seed} + c for every model, so faults are nested across rates and shared "
+             "across models).")
+    columns = ("model", "stored as", "training", "test accuracy, no faults", "epochs")
+    return build_report(
+        rd.report_dir,
+        {n: m["rate"] for n, m in models.items()},
+        clean={n: m["clean_accuracy"] for n, m in models.items()},
+        layer_rows={n: m.get("layer", []) for n, m in models.items()},
+        bit_rows={n: m.get("bit", []) for n, m in models.items()},
+        histories=histories or None, title=config.title, intro=intro,
+        tables=[("Models", rows_models, columns)])
+
+
+def rate_table(summary: dict[str, Any]) -> tuple[list[float], dict[str, dict[str, Any]]]:
+    """(bers, {model: {"clean": acc, ber: mean accuracy}}) from a summary.json dict."""
+    bers = sorted({row["ber"] for m in summary["models"].values() for row in m["rate"]})
+    table = {}
+    for name, m in summary["models"].items():
+        means = {row["ber"]: row["mean"] for row in m["rate"]}
+        table[name] = {"clean": m["clean_accuracy"], **{b: means.get(b) for b in bers}}
+    return bers, table
+
+
+def format_rate_table(summary: dict[str, Any]) -> str:
+    """A plain-text table: one row per model, no-fault accuracy then mean accuracy per rate."""
+    bers, table = rate_table(summary)
+    width = max([len("model")] + [len(n) for n in table]) + 2
+    head = "model".ljust(width) + "no faults".rjust(10) + "".join(f"{b:>9.0e}" for b in bers)
+    lines = ["mean test accuracy over simulated chips, by bit error rate", head]
+    for name, row in table.items():
+        cells = "".join(f"{row[b]:9.3f}" if row[b] is not None else f"{'-':>9}" for b in bers)
+        lines.append(name.ljust(width) + f"{row['clean']:10.3f}" + cells)
+    return "\n".join(lines)
+
+
+__all__ = ["describe_recipe", "format_rate_table", "make_report", "rate_table"]

@@ -1,0 +1,191 @@
+"""Run configs: every mistake names its key, value and what is allowed; YAML == TOML."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import bitfault as bf
+from bitfault.config import ConfigError, RunConfig, load_config
+from bitfault.jobs.demo import demo_config
+from bitfault.recipes import RandBET, Recipe
+
+ROOT = Path(__file__).resolve().parents[1]
+
+YAML = """
+framework: torch
+seed: 3
+output: runs/x
+data: {source: embedded, train_limit: 500}
+model: {name: seed_mlp, kwargs: {hidden: 32}}
+train: {epochs: 2, batch_size: 50, lr: 1e-2, optimizer: adam, weight_decay: 1e-4}
+recipes:
+  - {name: normal, format: {kind: int_quant, bits: 8}}
+  - {name: robust, format: {kind: int_quant, bits: 8}, weight_clip: 0.1, randbet: {p_train: 1e-1}}
+  - name: aware
+    format: null
+    fault_aware: {format: {kind: fixed_point, bits: 16, frac: 12}, ber: 1e-3,
+                  persistence: transient}
+campaign: {bers: [1e-4, 1.0e-3, "0.01"], chips: 4, seed: 7, fault: {kind: stuck_at, value: 1},
+           targets: [fc1.weight, fc2.weight], layers: true, bits: false}
+"""
+
+TOML = """
+framework = "torch"
+seed = 3
+output = "runs/x"
+[data]
+source = "embedded"
+train_limit = 500
+[model]
+name = "seed_mlp"
+kwargs = {hidden = 32}
+[train]
+epochs = 2
+batch_size = 50
+lr = 0.01
+optimizer = "adam"
+weight_decay = 1e-4
+[[recipes]]
+name = "normal"
+format = {kind = "int_quant", bits = 8}
+[[recipes]]
+name = "robust"
+format = {kind = "int_quant", bits = 8}
+weight_clip = 0.1
+randbet = {p_train = 0.1}
+[[recipes]]
+name = "aware"
+format = "none"
+[recipes.fault_aware]
+format = {kind = "fixed_point", bits = 16, frac = 12}
+ber = 1e-3
+persistence = "transient"
+[campaign]
+bers = [1e-4, 1e-3, 0.01]
+chips = 4
+seed = 7
+fault = {kind = "stuck_at", value = 1}
+targets = ["fc1.weight", "fc2.weight"]
+layers = true
+bits = false
+"""
+
+
+def test_yaml_and_toml_load_to_the_same_config(tmp_path: Path) -> None:
+    (tmp_path / "c.yaml").write_text(YAML)
+    (tmp_path / "c.toml").write_text(TOML)
+    a, b = load_config(tmp_path / "c.yaml"), load_config(tmp_path / "c.toml")
+    assert a == b
+    assert a.train.lr == 0.01 and a.train.weight_decay == 1e-4 and a.train.optimizer == "adam"
+    assert a.campaign.bers == (1e-4, 1e-3, 0.01)  # YAML's string "1e-4" and "0.01" converted
+    assert a.campaign.fault == bf.StuckAt(1) and a.campaign.targets == ("fc1.weight",
+                                                                        "fc2.weight")
+    assert a.recipes[1] == Recipe(name="robust", format=bf.IntQuant(8), weight_clip=0.1,
+                                  randbet=RandBET(p_train=0.1))
+    assert a.recipes[2].format is None
+    assert a.recipes[2].stored_format == bf.FixedPoint(16, 12)
+    assert load_config(a.to_dict()) == a  # config.json round trip
+
+
+def test_defaults_and_demo_example() -> None:
+    c = load_config({})
+    assert c == RunConfig() and [r.name for r in c.recipes] == ["normal"]
+    assert load_config(ROOT / "examples" / "demo.yaml") == demo_config()
+    fast = demo_config(fast=True, output="x", framework="keras")
+    assert (fast.data.train_limit, fast.train.epochs, fast.model.kwargs["hidden"]) == (1000, 2, 64)
+    assert len(fast.campaign.bers) == 3 and fast.campaign.chips == 3
+    assert (fast.output, fast.framework) == ("x", "keras")
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    ({"bogus": 1}, "config key 'bogus': unknown; allowed: campaign, data, framework, model, "
+                   "output, recipes, seed, title, train"),
+    ({"framework": "jax"}, "config key 'framework': got 'jax'; allowed: torch, keras"),
+    ({"seed": -1}, "config key 'seed': got -1; allowed: an integer >= 0"),
+    ({"train": {"epochs": -1}}, "config key 'train.epochs': got -1; allowed: a positive integer"),
+    ({"train": {"epoch": 3}}, "config key 'train.epoch': unknown; allowed: batch_size, epochs, "
+                              "lr, optimizer, weight_decay"),
+    ({"train": {"lr": "fast"}}, "config key 'train.lr': got 'fast'; allowed: a positive number"),
+    ({"train": {"lr": 0}}, "config key 'train.lr': got 0; allowed: a positive number"),
+    ({"train": {"epochs": True}}, "config key 'train.epochs': got True; allowed: a positive"),
+    ({"train": {"optimizer": "rmsprop"}}, "config key 'train.optimizer': got 'rmsprop'; "
+                                          "allowed: sgd, adam"),
+    ({"train": [1]}, "config key 'train': got [1]; allowed: a mapping"),
+    ({"data": {"source": "web"}}, "config key 'data.source': got 'web'; allowed: embedded, idx"),
+    ({"data": {"source": "npz"}}, "config key 'data.path': got None; allowed: a file path"),
+    ({"data": {"path": "x"}}, "config key 'data.path': got 'x'; allowed: null for data.source"),
+    ({"data": {"train_limit": 0}}, "config key 'data.train_limit': got 0; allowed: a positive"),
+    ({"data": {"size": 3}}, "config key 'data.size': unknown"),
+    ({"model": {"name": "resnet"}}, "config key 'model.name': got 'resnet'; allowed: seed_mlp, "
+                                    "small_cnn or 'package.module:callable'"),
+    ({"model": {"name": "seed_mlp", "kwargs": {"hiden": 3}}},
+     "config key 'model.kwargs.hiden': unknown; allowed: hidden, seed"),
+    ({"model": {"kwargs": {"hidden": 0}}}, "config key 'model.kwargs.hidden': got 0"),
+    ({"model": {"name": "small_cnn", "kwargs": {"channels": [4]}}},
+     "config key 'model.kwargs.channels': got [4]; allowed: two positive integers"),
+    ({"model": {"arch": "x"}}, "config key 'model.arch': unknown; allowed: kwargs, name"),
+    ({"recipes": []}, "config key 'recipes': got []; allowed: a non-empty list"),
+    ({"recipes": [{"format": None}]}, "config key 'recipes[0].name': got None"),
+    ({"recipes": [{"name": "a"}, {"name": "a"}]},
+     "config key 'recipes[1].name': got 'a'; allowed: a name no other recipe uses"),
+    ({"recipes": [{"name": "a/b"}]}, "config key 'recipes[0].name': got 'a/b'"),
+    ({"recipes": [{"name": "a", "clip": 0.1}]}, "config key 'recipes[0].clip': unknown; "
+                                                 "allowed: activation_clip, activation_quantile"),
+    ({"recipes": [{"name": "a"}, {"name": "b", "weight_clip": -1}]},
+     "config key 'recipes[1].weight_clip': got -1; allowed: weight_clip must be a positive"),
+    ({"recipes": [{"name": "a", "weight_clip": "big"}]},
+     "config key 'recipes[0].weight_clip': got 'big'"),
+    ({"recipes": [{"name": "a", "format": {"kind": "int_quant", "bits": 99}}]},
+     "config key 'recipes[0].format.bits': got 99; allowed: bits must be an integer in 2..32"),
+    ({"recipes": [{"name": "a", "format": {"kind": "int4"}}]},
+     "config key 'recipes[0].format': got {'kind': 'int4'}; allowed: format kind must be one of"),
+    ({"recipes": [{"name": "a", "format": "int8"}]},
+     "config key 'recipes[0].format': got 'int8'; allowed: a format mapping"),
+    ({"recipes": [{"name": "a", "randbet": {"p_train": 2}}]},
+     "config key 'recipes[0].randbet.p_train': got 2; allowed: p_train must be in (0, 1)"),
+    ({"recipes": [{"name": "a", "randbet": {"p": 0.1}}]},
+     "config key 'recipes[0].randbet.p': unknown; allowed: fault, grad_clamp, p_train"),
+    ({"recipes": [{"name": "a", "format": None, "randbet": {"p_train": 0.1}}]},
+     "config key 'recipes[0].randbet': got {'p_train': 0.1}; allowed: randbet needs a format"),
+    ({"recipes": [{"name": "a", "format": None, "fault_aware": {"ber": 0.1, "gradient": "x"}}]},
+     "config key 'recipes[0].fault_aware.gradient': got 'x'; allowed: gradient must be one of"),
+    ({"recipes": [{"name": "a", "format": None, "fault_aware": {"rate": 0.1}}]},
+     "config key 'recipes[0].fault_aware.rate': unknown"),
+    ({"recipes": [{"name": "a", "activation_quantile": 2}]},
+     "config key 'recipes[0].activation_quantile': got 2"),
+    ({"campaign": {"bers": []}}, "config key 'campaign.bers': got []; allowed: a non-empty list"),
+    ({"campaign": {"bers": [1e-3, 2]}}, "config key 'campaign.bers[1]': got 2; allowed: a bit "
+                                        "error rate in [0, 1]"),
+    ({"campaign": {"bers": ["1e-3", "lots"]}}, "config key 'campaign.bers[1]': got 'lots'"),
+    ({"campaign": {"chips": 0}}, "config key 'campaign.chips': got 0; allowed: a positive"),
+    ({"campaign": {"layers": "yes"}}, "config key 'campaign.layers': got 'yes'; allowed: true "
+                                      "or false"),
+    ({"campaign": {"targets": "everything"}}, "config key 'campaign.targets': got 'everything'"),
+    ({"campaign": {"fault": {"kind": "melt"}}}, "config key 'campaign.fault': got {'kind': "
+                                                "'melt'}; allowed: fault kind must be"),
+    ({"campaign": {"chip": 3}}, "config key 'campaign.chip': unknown; allowed: batch, bers, bits"),
+])
+def test_errors_name_key_value_and_what_is_allowed(data: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(data)
+    assert str(info.value).startswith(message), str(info.value)
+    assert isinstance(info.value, ValueError)
+
+
+def test_file_errors(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="no such config file"):
+        load_config(tmp_path / "missing.yaml")
+    (tmp_path / "c.ini").write_text("x")
+    with pytest.raises(ValueError, match=r"\.yaml, \.yml, \.toml or \.json"):
+        load_config(tmp_path / "c.ini")
+    (tmp_path / "bad.toml").write_text("epochs = = 3")
+    with pytest.raises(ValueError, match="bad.toml: not valid TOML"):
+        load_config(tmp_path / "bad.toml")
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    with pytest.raises(ValueError, match="a mapping at the top level"):
+        load_config(tmp_path / "list.yaml")
+    (tmp_path / "deep.yaml").write_text("train:\n  epochs: 0\n")
+    with pytest.raises(ConfigError, match="'train.epochs': got 0"):
+        load_config(tmp_path / "deep.yaml")
