@@ -64,7 +64,9 @@ def test_bad_config_exits_2_with_one_line(tmp_path: Path) -> None:
 
 
 def test_bad_paths_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "c.ini").write_text("[train]\n")
     for args, cause in [
+        (("train", str(tmp_path / "gone.ini")), f"{tmp_path / 'gone.ini'}: no such config file"),
         (("report", str(tmp_path / "nope")), f"{tmp_path / 'nope'}: no such run directory"),
         (("campaign", str(tmp_path / "nope.yaml")), f"{tmp_path / 'nope.yaml'}: no such config"),
         (("train", str(tmp_path / "c.ini")), f"{tmp_path / 'c.ini'}: config files end in .yaml"),

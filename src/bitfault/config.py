@@ -423,13 +423,20 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Parse a .yaml/.yml/.toml/.json file into a dict (not yet validated)."""
     path = os.fspath(path)
     ext = os.path.splitext(path)[1].lower()
-    if ext not in (".yaml", ".yml", ".toml", ".json"):
-        raise ValueError(f"{path}: config files end in .yaml, .yml, .toml or .json")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path}: no such config file")
+    if ext not in (".yaml", ".yml", ".toml", ".json"):
+        raise ValueError(f"{path}: config files end in .yaml, .yml, .toml or .json")
     try:
         if ext == ".toml":
-            import tomllib
+            try:
+                import tomllib
+            except ModuleNotFoundError:  # Python 3.10
+                try:
+                    import tomli as tomllib
+                except ModuleNotFoundError:
+                    raise ModuleNotFoundError(f"{path}: reading TOML on Python 3.10 needs "
+                                              "tomli: pip install tomli") from None
 
             with open(path, "rb") as fh:
                 data = tomllib.load(fh)
