@@ -228,10 +228,22 @@ class EpochRecord:
         return dataclasses.asdict(self)
 
 
+def thresholds_from_activations(seen: Mapping[str, list[np.ndarray]], quantile: float,
+                                what: str = "ReLU site(s)") -> dict[str, float]:
+    """Each ReLU's threshold: the ``quantile`` of its recorded outputs (at least the smallest
+    normal float32, so a dead ReLU still passes values). A ReLU never called is an error."""
+    unused = sorted(n for n, v in seen.items() if not v)
+    if unused:
+        raise ValueError(f"{what} {unused} were not called by the forward pass")
+    tiny = float(np.finfo(np.float32).tiny)
+    return {n: max(float(np.quantile(np.concatenate(v), float(quantile))), tiny)
+            for n, v in seen.items()}
+
+
 def history_columns(history: list[EpochRecord]) -> dict[str, list[float]]:
     """A history as columns, the shape ``bitfault.report.plot_training`` reads."""
     keys = [f.name for f in dataclasses.fields(EpochRecord)]
     return {k: [getattr(r, k) for r in history] for k in keys}
 
 
-__all__ = ["EpochRecord", "RandBET", "Recipe", "history_columns"]
+__all__ = ["EpochRecord", "RandBET", "Recipe", "history_columns", "thresholds_from_activations"]

@@ -30,6 +30,7 @@ from bitfault.keras.layers import USE_XLA, _channel_axis, _fused
 from bitfault.keras.layouts import SUPPORTED_LAYERS, Slot, dense_mask, plan_slots
 from bitfault.keras.transforms import check_supported, straight_through
 from bitfault.maps import FaultMap
+from bitfault.recipes import thresholds_from_activations
 from bitfault.spec import FaultSpec
 
 _STORED = ("kernel", "embeddings")
@@ -335,12 +336,7 @@ def calibrate_relu_thresholds(model: keras.Model, x: Any, quantile: float = 0.99
     finally:
         for layer in sites.values():
             object.__delattr__(layer, "call")
-    unused = [path for path, v in seen.items() if not v]
-    if unused:
-        raise ValueError(f"ReLU site(s) {unused} were not called by the forward pass")
-    tiny = float(np.finfo(np.float32).tiny)
-    return {path: max(float(np.quantile(np.concatenate(v), float(quantile))), tiny)
-            for path, v in seen.items()}
+    return thresholds_from_activations(seen, quantile, "ReLU site(s)")
 
 
 __all__ = ["BoundedReLU", "ClipWeights", "bound_relus", "bound_relus_",

@@ -16,6 +16,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from bitfault.recipes import thresholds_from_activations
+
 
 def _positive(value: Any, argument: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
@@ -182,12 +184,7 @@ def calibrate_relu_thresholds(model: nn.Module, x: Any, quantile: float = 0.999,
         for h in hooks:
             h.remove()
         model.train(was_training)
-    unused = sorted(n for n, v in seen.items() if not v)
-    if unused:
-        raise ValueError(f"ReLU module(s) {unused} were not called by the forward pass")
-    tiny = float(np.finfo(np.float32).tiny)
-    return {n: max(float(np.quantile(np.concatenate(v), float(quantile))), tiny)
-            for n, v in seen.items()}
+    return thresholds_from_activations(seen, quantile, "ReLU module(s)")
 
 
 __all__ = ["BoundedReLU", "ClipHandle", "bound_relus_", "calibrate_relu_thresholds",
