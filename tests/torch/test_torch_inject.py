@@ -182,6 +182,33 @@ def test_remove_after_training_keeps_the_trained_clean_weights():
     assert not same_state(mlp(), trained)
 
 
+@pytest.mark.parametrize("fmt", [SEED_FMT, bf.IntQuant(8)], ids=repr)
+def test_reused_buffers_never_overwrite_a_live_graph(fmt):
+    """The kernels keep host scratch from forward to forward; what a forward handed out
+    (and a graph kept alive saved) is never written again."""
+    model = mlp()
+    spec = _spec(format=fmt)
+    handle = inject_(model, spec)
+    x = torch.randn(8, 20)
+    seen = []
+    capture = model[0].register_forward_pre_hook(lambda mod, args: seen.append(mod.weight))
+    out1 = model(x)  # graph 1 alive (saves the faulty weights)
+    first = seen[-1].detach().clone()
+    with torch.no_grad():
+        model[0].weight.add_(0.5)  # another clean value: another faulty value
+    out2 = model(x)
+    assert bits_equal(seen[-2], first)  # forward 2 did not write into forward 1's tensors
+    assert bits_equal(seen[-1], core_faulty(model[0].weight, spec, handle.maps["0.weight"]))
+    out1.sum().backward()  # the saved tensors were not modified in place
+    out2.sum().backward()
+    seen.clear()
+    for _ in range(3):  # nothing alive any more: reuse, still exact
+        model(x).sum().backward()
+        assert bits_equal(seen.pop(), core_faulty(model[0].weight, spec, handle.maps["0.weight"]))
+    capture.remove()
+    handle.remove()
+
+
 def test_state_dict_round_trip():
     model = mlp()
     spec = _spec(targets=("weights", "biases"))

@@ -137,6 +137,7 @@ class FaultHandle:
         self._step = 0
         self._forwards = 0
         self._faults: dict[tuple, DeviceFaults] = {}
+        self._buffers: dict = {}  # the kernels' host scratch, reused forward after forward
         self._pass: dict[str, torch.Tensor] | None = None
         self._pass_root: nn.Module | None = None
         self._depth = 0
@@ -236,6 +237,7 @@ class FaultHandle:
                 del _LIVE[module]
         self._pass = None
         self._faults.clear()
+        self._buffers.clear()
         self._removed = True
 
     def __enter__(self) -> FaultHandle:
@@ -305,7 +307,8 @@ class FaultHandle:
             faults = self._device_faults(names, [self._maps[n] for n in names], 0, device)
             clean = [tensors[i] for i in members]
             with torch.no_grad():
-                faulty = faulty_group([c.detach() for c in clean], spec.format, spec.fault, faults)
+                faulty = faulty_group([c.detach() for c in clean], spec.format, spec.fault, faults,
+                                      buffers=self._buffers)
             for name, t in zip(names, _through(clean, faulty, spec.gradient == "blocked"),
                                strict=True):
                 out[name] = t
@@ -371,7 +374,8 @@ class FaultHandle:
         faults = self._device_faults((name,), [fmap], int(output.shape[0]), output.device)
         spec = self.spec
         with torch.no_grad():
-            (faulty,) = faulty_group([output.detach()], spec.format, spec.fault, faults)
+            (faulty,) = faulty_group([output.detach()], spec.format, spec.fault, faults,
+                                     buffers=self._buffers)
         if self.track_activation_stats:
             arr = output.detach().float().cpu().numpy() if output.dtype == torch.bfloat16 \
                 else output.detach().cpu().numpy()

@@ -50,6 +50,26 @@ def _zero(device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Ten
     return z
 
 
+def _scratch(buffers: dict | None, n: int, dtype: torch.dtype,
+             device: torch.device) -> torch.Tensor:
+    """A flat scratch tensor of ``n`` elements, kept in ``buffers`` between calls on the host.
+
+    A fresh multi-megabyte host tensor is fresh pages from the OS, and faulting them
+    in costs as much as the arithmetic. Only scratch that never leaves the kernel is
+    kept: a tensor handed out may still be alive (autograd saves it) when the next
+    call comes.
+    """
+    if buffers is None or device.type != "cpu":
+        return torch.empty(n, dtype=dtype, device=device)
+    key = ("scratch", n, dtype, device)
+    b = buffers.get(key)
+    if b is None:
+        if len(buffers) > 16:  # sizes come and go
+            buffers.clear()
+        b = buffers[key] = torch.empty(n, dtype=dtype, device=device)
+    return b
+
+
 def _sign_extend(words: torch.Tensor, bits: int) -> torch.Tensor:
     """Two's complement value of the low ``bits`` bits of int64 words."""
     shift = 64 - bits
@@ -413,7 +433,8 @@ def _fault_codes_(y: torch.Tensor, fmt: IntQuant, fault: _FaultBase,
 
 
 def faulty_int_quant_f32(xs: Sequence[torch.Tensor], fmt: IntQuant, fault: _FaultBase,
-                         faults: DeviceFaults) -> list[torch.Tensor]:
+                         faults: DeviceFaults, buffers: dict | None = None
+                         ) -> list[torch.Tensor]:
     """IntQuant on float32 tensors, in float64 as the core computes it, as one flat pass.
 
     Per tensor (its own scale ``s`` and zero point ``z``): ``y = round(x / s) + z``,
@@ -424,7 +445,7 @@ def faulty_int_quant_f32(xs: Sequence[torch.Tensor], fmt: IntQuant, fault: _Faul
     lo, hi = fmt.code_range
     dev = xs[0].device
     on_cpu = dev.type == "cpu"
-    y = torch.empty(sum(faults.sizes), dtype=torch.float64, device=dev)
+    y = _scratch(buffers, sum(faults.sizes), torch.float64, dev)
     parts, calibs, poisoned = [], [], []
     clamp = not fmt.symmetric or not on_cpu
     for i, x in enumerate(xs):
@@ -486,17 +507,19 @@ def _fast_elementwise(fmt) -> bool:
 
 
 def faulty_group(xs: Sequence[torch.Tensor], fmt, fault: _FaultBase, faults: DeviceFaults,
-                 strict: bool = False) -> list[torch.Tensor]:
+                 strict: bool = False, buffers: dict | None = None) -> list[torch.Tensor]:
     """Faulty copies of tensors ``xs`` (one dtype, one device) under ``faults``.
 
     Elementwise formats on float32 run as one flat pass over all the tensors;
     bfloat16 goes through float32 and is rounded back by PyTorch's cast.
+    ``buffers``: a dict the caller keeps between calls, where host scratch is reused.
     """
     if not xs:
         return []
     dtype = xs[0].dtype
     if dtype == torch.bfloat16:
-        outs = faulty_group([x.to(torch.float32) for x in xs], fmt, fault, faults, strict)
+        outs = faulty_group([x.to(torch.float32) for x in xs], fmt, fault, faults, strict,
+                            buffers)
         return [o.to(torch.bfloat16) for o in outs]
     if dtype == torch.float32 and _fast_elementwise(fmt):
         if isinstance(fmt, FixedPoint):
@@ -507,7 +530,7 @@ def faulty_group(xs: Sequence[torch.Tensor], fmt, fault: _FaultBase, faults: Dev
         spans = zip(xs, faults.offsets, faults.sizes, strict=True)
         return [out[o:o + n].view(x.shape) for x, o, n in spans]
     if dtype == torch.float32 and isinstance(fmt, IntQuant) and not strict:
-        return faulty_int_quant_f32(xs, fmt, fault, faults)
+        return faulty_int_quant_f32(xs, fmt, fault, faults, buffers)
     outs = []
     for i, x in enumerate(xs):
         part = faults.part(i)
