@@ -8,6 +8,7 @@ wraps a NumPy forward function; the framework adapters provide their own.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -109,6 +110,12 @@ def _check_target(trial: Trial, shapes: Mapping[str, tuple[int, ...]]) -> None:
                          f"{sorted(shapes)}")
 
 
+@functools.lru_cache(maxsize=4096)
+def _empty_map(shape: tuple[int, ...], name: str) -> FaultMap:
+    """``FaultMap.empty``, built once per tensor: maps are immutable, trials share it."""
+    return FaultMap.empty(shape, name)
+
+
 def trial_maps(trial: Trial, spec: FaultSpec, shapes: Mapping[str, tuple[int, ...]]) -> Maps:
     """The fault maps of one trial for every tensor (empty where the trial puts no fault).
 
@@ -116,7 +123,7 @@ def trial_maps(trial: Trial, spec: FaultSpec, shapes: Mapping[str, tuple[int, ..
     memory; layer and single-fault trials confine the faults, not the format.
     """
     _check_target(trial, shapes)
-    maps = {n: FaultMap.empty(s, n) for n, s in shapes.items()}
+    maps = {n: _empty_map(tuple(s), n) for n, s in shapes.items()}
     if trial.kind == "single":
         maps[trial.target] = FaultMap(shapes[trial.target], np.array([trial.element]),
                                       np.array([1 << trial.bit], np.uint32), trial.target,
@@ -296,15 +303,20 @@ def run(
         finished = 0
         began = time.time()
         for chunk, outputs in results:
+            # the trials of one evaluator call finish together (one forward pass): score
+            # them, then commit them in one transaction, so a crash keeps all or none
+            done_at, rows = time.time(), []
             for trial, (map_digest, pred) in zip(chunk, outputs, strict=True):
                 values = _call_metric(metric, labels, clean, pred, trial.key)
-                db.add({"trial_key": trial.key, "kind": trial.kind, "ber": trial.ber,
-                        "chip": trial.chip, "seed": trial.seed, "target": trial.target,
-                        "bit": trial.bit, "element": trial.element, "map_digest": map_digest,
-                        "model_digest": model_digest, "data_digest": data_digest,
-                        "spec": spec_json, "versions": version_json, "metrics": values,
-                        "started": began, "finished": time.time(), "worker": worker})
-                finished += 1
+                rows.append({"trial_key": trial.key, "kind": trial.kind, "ber": trial.ber,
+                             "chip": trial.chip, "seed": trial.seed, "target": trial.target,
+                             "bit": trial.bit, "element": trial.element,
+                             "map_digest": map_digest, "model_digest": model_digest,
+                             "data_digest": data_digest, "spec": spec_json,
+                             "versions": version_json, "metrics": values, "started": began,
+                             "finished": done_at, "worker": worker})
+            db.add_many(rows)
+            finished += len(rows)
             if progress is not None:
                 progress(finished, len(todo))
             began = time.time()

@@ -15,7 +15,7 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +46,8 @@ CREATE TABLE IF NOT EXISTS trials (
 COLUMNS = ("trial_key", "campaign", "kind", "ber", "chip", "seed", "target", "bit", "element",
            "map_digest", "model_digest", "data_digest", "spec", "versions", "metrics",
            "started", "finished", "worker")
+_INSERT = (f"INSERT OR IGNORE INTO trials ({', '.join(COLUMNS)}) "
+           f"VALUES ({', '.join('?' for _ in COLUMNS)})")
 
 
 @dataclass(frozen=True)
@@ -121,13 +123,27 @@ class CampaignStore:
 
     def add(self, record: dict[str, Any]) -> bool:
         """Commit one finished trial; returns False if its key was already stored."""
+        return self.add_many([record]) == 1
+
+    def add_many(self, records: Sequence[dict[str, Any]]) -> int:
+        """Commit trials that finished together in one transaction (all of them or none);
+        returns how many were new."""
+        rows = [self._row(r) for r in records]
+        before = self._db.total_changes
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            self._db.executemany(_INSERT, rows)
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+        return self._db.total_changes - before
+
+    def _row(self, record: dict[str, Any]) -> list[Any]:
         values = {c: record.get(c) for c in COLUMNS}
         values["campaign"] = values["campaign"] or self.campaign
         values["metrics"] = json.dumps(record["metrics"], sort_keys=True)
-        cur = self._db.execute(
-            f"INSERT OR IGNORE INTO trials ({', '.join(COLUMNS)}) "
-            f"VALUES ({', '.join('?' for _ in COLUMNS)})", [values[c] for c in COLUMNS])
-        return cur.rowcount == 1
+        return [values[c] for c in COLUMNS]
 
     # ---- reading ---------------------------------------------------------------------------
 

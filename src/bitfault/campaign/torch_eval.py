@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from bitfault.campaign.runner import Maps, digest_arrays, predicted_labels
+from bitfault.formats import FixedPoint, Float
 from bitfault.maps import FaultMap
 from bitfault.spec import FaultSpec
 
@@ -200,18 +201,24 @@ class TorchEvaluator:
         the cached stored tensor (the same bits, at a cost proportional to the faults)."""
         import torch
 
-        from bitfault.formats import FixedPoint, Float
         from bitfault.torch import inject
 
         clean = self._clean[name]
         if not isinstance(spec.format, (FixedPoint, Float)) or fmap.indices.size * 8 > fmap.size:
             return inject(clean, spec.format, spec.fault, fmap)
-        n = int(fmap.indices.size)
         idx = torch.from_numpy(np.array(fmap.indices, np.int64)).to(clean.device)
-        sub = FaultMap((n,), np.arange(n, dtype=np.int64), fmap.masks, name)
         out = self.stored(spec)[name].clone()
-        out.view(-1)[idx] = inject(clean.reshape(-1)[idx], spec.format, spec.fault, sub)
+        out.view(-1)[idx] = self._faulty_elements(name, idx, fmap, spec)
         return out
+
+    def _faulty_elements(self, name: str, idx: Any, fmap: FaultMap, spec: FaultSpec) -> Any:
+        """The faulty values of the map's elements alone (flat ``idx`` = its indices), for a
+        format that stores each element on its own (FixedPoint, Float)."""
+        from bitfault.torch import inject
+
+        n = int(fmap.indices.size)
+        sub = FaultMap((n,), np.arange(n, dtype=np.int64), fmap.masks, name)
+        return inject(self._clean[name].reshape(-1)[idx], spec.format, spec.fault, sub)
 
     def _forward(self, params: Mapping[str, Any]) -> np.ndarray:
         import torch
@@ -417,8 +424,13 @@ class TorchEvaluator:
                                                        np.uint32)[order], name)
         stored_all = self.stored(spec)
         stored = stored_all[name]
-        wf = self.faulty(name, joint, spec).reshape(-1)
         idx_all = torch.as_tensor(elems, device=self.device)
+        if isinstance(spec.format, (FixedPoint, Float)):  # only the faulty elements change
+            new_all = torch.empty(len(faults), dtype=stored.dtype, device=self.device)
+            sorted_idx = torch.as_tensor(order, device=self.device)
+            new_all[sorted_idx] = self._faulty_elements(name, idx_all[sorted_idx], joint, spec)
+        else:
+            new_all = self.faulty(name, joint, spec).reshape(-1)[idx_all]
         params = {k: v for k, v in stored_all.items() if k != name}
         bias = stored_all.get(f"{node.target}.bias", module.bias)
         out_numel = envs[0][node][0].numel()
@@ -429,7 +441,7 @@ class TorchEvaluator:
         with torch.no_grad():
             for c in range(0, len(faults), per_fault):
                 idx = idx_all[c:c + per_fault]
-                new_w, old_w = wf[idx], stored.reshape(-1)[idx]
+                new_w, old_w = new_all[c:c + per_fault], stored.reshape(-1)[idx]
                 offset = 0
                 for b, clean in zip(self._batches(), envs, strict=True):
                     xin, out = clean[node.args[0]], clean[node]
@@ -448,6 +460,17 @@ class TorchEvaluator:
                     self._suffix(g, node, dirty, clean, new, col, c, params, len(xin), faults,
                                  preds, offset)
                     offset += b.stop - b.start
+
+    def _rank_one_linear(self, node: Any, prev: Any, clean: Mapping[Any, Any]) -> Any:
+        """The nn.Linear that ``node`` calls on ``prev`` alone, with (N, features) input; or
+        None. Then a change in one feature changes its output by a rank-one update."""
+        from torch import nn
+
+        if node.op != "call_module" or node.args != (prev,) or node.kwargs:
+            return None
+        mod = self.model.get_submodule(node.target)
+        ok = isinstance(mod, nn.Linear) and clean[prev].ndim == 2
+        return mod if ok else None
 
     def _suffix(self, g: _Graph, node: Any, dirty: set[Any], clean: dict[Any, Any],
                 vals: Any, col: Any, first: int, params: Mapping[str, Any], n_batch: int,
@@ -480,12 +503,22 @@ class TorchEvaluator:
         row_bytes = max(1, clean[prev][0].numel() * clean[prev].element_size() * 4)
         step = max(1, self.max_bytes // row_bytes)
         rest = after[k:]
+        linear = self._rank_one_linear(rest[0], prev, clean) if rest else None
         for a in range(0, len(rows_n), step):
             rn, rf = rows_n[a:a + step], rows_f[a:a + step]
-            full = clean[prev][rn].clone()
-            full[torch.arange(len(rn)), col[rf]] = vals[rn, rf]
-            env: dict[Any, Any] = {prev: full}
-            for n in rest:
+            if linear is not None:
+                # one input feature changed: the Linear's output moves by delta * W[:, feature]
+                weight = params.get(f"{rest[0].target}.weight", linear.weight)
+                delta = vals[rn, rf] - clean[prev][rn, col[rf]]
+                env: dict[Any, Any] = {rest[0]: torch.addcmul(
+                    clean[rest[0]][rn], delta[:, None], weight[:, col[rf]].T)}
+                todo = rest[1:]
+            else:
+                full = clean[prev][rn].clone()
+                full[torch.arange(len(rn)), col[rf]] = vals[rn, rf]
+                env = {prev: full}
+                todo = rest
+            for n in todo:
                 for inp in n.all_input_nodes:
                     if inp not in env:
                         v = clean[inp]
