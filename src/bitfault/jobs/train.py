@@ -98,18 +98,6 @@ def train(config: RunConfig | Any, *, reporter: Reporter = SILENT,
     return rd, results
 
 
-def _epochs(update: Any, total: int) -> Any:
-    """A ``progress`` callback for either fit: PyTorch's calls it with (epoch, epochs),
-    Keras' with the epoch's EpochRecord."""
-    done = [0]
-
-    def progress(*args: Any) -> None:
-        done[0] = args[0] if len(args) >= 2 and isinstance(args[0], int) else done[0] + 1
-        update(done[0], total)
-
-    return progress
-
-
 def _train_one(config: RunConfig, recipe: Recipe, data: Any, rd: RunDir,
                reporter: Reporter) -> list[EpochRecord]:
     (x, y), (xt, yt) = data
@@ -122,7 +110,7 @@ def _train_one(config: RunConfig, recipe: Recipe, data: Any, rd: RunDir,
     with reporter.bar(f"train {recipe.name}", t.epochs, "epoch") as update:
         history = fit(model, x, y, recipe, epochs=t.epochs, batch_size=t.batch_size, lr=t.lr,
                       optimizer=t.optimizer, weight_decay=t.weight_decay, seed=config.seed,
-                      x_val=xt, y_val=yt, progress=_epochs(update, t.epochs))
+                      x_val=xt, y_val=yt, progress=update)
     save_model(model, directory, config.framework, config.model, config.seed)
     write_json(directory / "recipe.json", recipe.to_dict())
     write_json(directory / "history.json", [r.to_dict() for r in history])  # written last
