@@ -19,6 +19,7 @@ percent) and writes it with JSON and a plot into --out.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import tempfile
@@ -43,6 +44,8 @@ SETTINGS = {
     "mlp": {"build": lambda: seed_mlp(hidden=256, seed=0), "w_max": 0.1, "p_train": 0.1,
             "lr": 0.05},
     "cnn": {"build": lambda: small_cnn(seed=0), "w_max": 0.1, "p_train": 0.1, "lr": 0.05},
+    "cnn-gn": {"build": lambda: small_cnn(seed=0, norm="group"), "w_max": 0.1, "p_train": 0.1,
+               "lr": 0.05},
 }
 # the paper's MNIST CNN (robust error in %, its Table/figures) and the MLP baseline
 PAPER = {"clean": "0.39-0.43", 0.05: "normal 86.4", 0.10: "normal 89.9; clip(0.025) 0.71; "
@@ -51,10 +54,15 @@ BASELINE_MLP = {"normal": (5.7, 7.5, 17.6, 46.4, 81.8), "clipped": (6.0, 6.4, 7.
                 "clipped+randbet": (5.5, 5.8, 6.3, 7.0, 10.7)}  # clean, 1%, 5%, 10%, 20%
 
 
-def recipes(w_max: float, p_train: float) -> dict[str, Recipe]:
+def recipes(w_max: float, p_train: float, start_below: float | None = None
+            ) -> dict[str, Recipe]:
+    randbet = Recipe.randbet_clipped(w_max, p_train, seed=7, format=FORMAT)
+    if start_below is not None:
+        randbet = randbet.replace(randbet=dataclasses.replace(randbet.randbet,
+                                                              start_below=start_below))
     return {"normal": Recipe.normal(FORMAT),
             "clipped": Recipe.clipped(w_max, FORMAT),
-            "clipped+randbet": Recipe.randbet_clipped(w_max, p_train, seed=7, format=FORMAT)}
+            "clipped+randbet": randbet}
 
 
 def evaluate(model: torch.nn.Module, x: np.ndarray, y: np.ndarray, chips: int,
@@ -82,7 +90,8 @@ def table(results: dict) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="mlp,cnn", help="comma-separated: mlp,cnn")
+    parser.add_argument("--models", default="mlp,cnn",
+                        help="comma-separated: mlp,cnn,cnn-gn (GroupNorm after each conv)")
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--chips", type=int, default=25, help="simulated chips per rate")
     parser.add_argument("--idx", default=None, help="a full MNIST IDX directory (default: the "
@@ -92,6 +101,8 @@ def main() -> int:
                         help="comma-separated subset of: normal,clipped,clipped+randbet")
     parser.add_argument("--w-max", type=float, default=None, help="override every model's w_max")
     parser.add_argument("--p-train", type=float, default=None, help="override RandBET's p_train")
+    parser.add_argument("--start-below", type=float, default=None,
+                        help="RandBET starts once the clean loss is below this")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -104,7 +115,8 @@ def main() -> int:
     results: dict = {}
     for model_name in args.models.split(","):
         setting = SETTINGS[model_name]
-        chosen = recipes(args.w_max or setting["w_max"], args.p_train or setting["p_train"])
+        chosen = recipes(args.w_max or setting["w_max"], args.p_train or setting["p_train"],
+                         args.start_below)
         for recipe_name in args.recipes.split(","):
             recipe = chosen[recipe_name]
             start = time.perf_counter()
