@@ -39,7 +39,8 @@ from bitfault.torch.training import fit
 
 RATES = (0.001, 0.01, 0.05, 0.10, 0.15, 0.20)
 FORMAT = bf.IntQuant(8)  # per-tensor symmetric codes, rounding to nearest
-# (model, recipe) settings: w_max for clipping, p_train for RandBET, learning rate
+# (model, recipe) settings: w_max for clipping, p_train for RandBET, learning rate; RandBET
+# starts once a step's clean loss is below 0.1 (--start-below)
 SETTINGS = {
     "mlp": {"build": lambda: seed_mlp(hidden=256, seed=0), "w_max": 0.1, "p_train": 0.1,
             "lr": 0.05},
@@ -54,7 +55,7 @@ BASELINE_MLP = {"normal": (5.7, 7.5, 17.6, 46.4, 81.8), "clipped": (6.0, 6.4, 7.
                 "clipped+randbet": (5.5, 5.8, 6.3, 7.0, 10.7)}  # clean, 1%, 5%, 10%, 20%
 
 
-def recipes(w_max: float, p_train: float, start_below: float | None = None
+def recipes(w_max: float, p_train: float, start_below: float | None = 0.1
             ) -> dict[str, Recipe]:
     randbet = Recipe.randbet_clipped(w_max, p_train, seed=7, format=FORMAT)
     if start_below is not None:
@@ -101,8 +102,9 @@ def main() -> int:
                         help="comma-separated subset of: normal,clipped,clipped+randbet")
     parser.add_argument("--w-max", type=float, default=None, help="override every model's w_max")
     parser.add_argument("--p-train", type=float, default=None, help="override RandBET's p_train")
-    parser.add_argument("--start-below", type=float, default=None,
-                        help="RandBET starts once the clean loss is below this")
+    parser.add_argument("--start-below", type=float, default=0.1,
+                        help="RandBET starts once a step's clean loss is below this (default "
+                        "0.1; 0: from the first step)")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -116,7 +118,7 @@ def main() -> int:
     for model_name in args.models.split(","):
         setting = SETTINGS[model_name]
         chosen = recipes(args.w_max or setting["w_max"], args.p_train or setting["p_train"],
-                         args.start_below)
+                         args.start_below if args.start_below > 0 else None)
         for recipe_name in args.recipes.split(","):
             recipe = chosen[recipe_name]
             start = time.perf_counter()
