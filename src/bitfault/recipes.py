@@ -228,6 +228,17 @@ class EpochRecord:
         return dataclasses.asdict(self)
 
 
+def check_training_loss(clean: float, perturbed: float, epoch: int, step: int) -> None:
+    """Raise FloatingPointError once a step's loss is NaN or infinite (NaN ``perturbed``
+    means the perturbed term was off): the weights are lost from there on."""
+    if math.isfinite(clean) and (math.isnan(perturbed) or math.isfinite(perturbed)):
+        return
+    raise FloatingPointError(
+        f"training diverged at epoch {epoch}, step {step}: clean loss {clean}, perturbed loss "
+        f"{perturbed}; lower lr, clip the weights (weight_clip) or start RandBET later "
+        f"(randbet.start_below)")
+
+
 def thresholds_from_activations(seen: Mapping[str, list[np.ndarray]], quantile: float,
                                 what: str = "ReLU site(s)") -> dict[str, float]:
     """Each ReLU's threshold: the ``quantile`` of its recorded outputs (at least the smallest
@@ -246,4 +257,5 @@ def history_columns(history: list[EpochRecord]) -> dict[str, list[float]]:
     return {k: [getattr(r, k) for r in history] for k in keys}
 
 
-__all__ = ["EpochRecord", "RandBET", "Recipe", "history_columns", "thresholds_from_activations"]
+__all__ = ["EpochRecord", "RandBET", "Recipe", "check_training_loss", "history_columns",
+           "thresholds_from_activations"]

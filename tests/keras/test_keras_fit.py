@@ -240,3 +240,9 @@ def test_fit_refuses_models_it_cannot_train(toy) -> None:
     no_stored = keras.Sequential([keras.Input((8,)), keras.layers.ReLU()])
     with pytest.raises(ValueError, match="a recipe format needs"):
         fit(no_stored, x, y, Recipe.normal(), epochs=1)
+
+
+def test_fit_stops_when_training_diverges(toy) -> None:
+    model = toy_model()
+    with pytest.raises(FloatingPointError, match=r"training diverged at epoch 1, step \d+"):
+        fit(model, *toy, Recipe(format=None), epochs=3, batch_size=20, lr=1e30)

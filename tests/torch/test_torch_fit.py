@@ -259,3 +259,9 @@ def test_fit_rejects_models_it_cannot_serve():
     with pytest.raises(ValueError, match="faults injected"):
         fit(model, x, y, Recipe(format=None), epochs=1)
     handle.remove()
+
+
+def test_fit_stops_when_training_diverges(mnist) -> None:
+    model = SeedMLP(hidden=16, seed=0)
+    with pytest.raises(FloatingPointError, match=r"training diverged at epoch 1, step \d+"):
+        fit(model, mnist[0][:200], mnist[1][:200], Recipe(format=None), epochs=3, lr=1e30)

@@ -38,7 +38,7 @@ from bitfault.keras.recipes import (
     stored_weights,
 )
 from bitfault.keras.transforms import check_supported
-from bitfault.recipes import EpochRecord, Recipe
+from bitfault.recipes import EpochRecord, Recipe, check_training_loss
 
 OPTIMIZERS = ("sgd", "adam")
 CALIBRATION_SAMPLES = 1000  # activation_clip="calibrate" looks at this many training samples
@@ -320,6 +320,7 @@ def fit(model: keras.Model, x: Any, y: Any, recipe: Recipe, *, epochs: int,
                 idx = order[i:i + batch_size]
                 clean, pert, hits = trainer.step(xa[idx], ya[idx], step,
                                                  True if started else None)
+                check_training_loss(clean, pert, epoch, step)
                 on = not math.isnan(pert)
                 started = started or on
                 n = len(idx)

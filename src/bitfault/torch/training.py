@@ -25,7 +25,7 @@ from torch.func import functional_call
 from bitfault.faults import BitFlip, _FaultBase
 from bitfault.formats import Format
 from bitfault.maps import FaultMap, _check_seed
-from bitfault.recipes import EpochRecord, Recipe
+from bitfault.recipes import EpochRecord, Recipe, check_training_loss
 from bitfault.torch._inject import _LIVE, DEFAULT_MODULES, _through, inject_
 from bitfault.torch._kernels import DeviceFaults, faulty_group
 from bitfault.torch.recipes import bound_relus_, calibrate_relu_thresholds, clip_weights_
@@ -311,6 +311,7 @@ def fit(model: nn.Module, x: Any, y: Any, recipe: Recipe, *, epochs: int, batch_
                     handle.resample(step)
                 clean, pert, correct = _step(model, opt, xb, yb, step_recipe, step,
                                              True if started else None)
+                check_training_loss(clean, pert, epoch + 1, step)
                 started = started or not math.isnan(pert)
                 n = len(idx)
                 sums += (n, clean * n, 0.0 if math.isnan(pert) else pert * n,
