@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,16 +38,49 @@ from bitfault.maps import _check_seed
 from bitfault.spec import FaultSpec
 
 
-def _check_positive(value: Any, argument: str, *, allow_none: bool = True) -> float | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{argument} must be a positive number{' or None' * allow_none}, "
-                        f"got {value!r}")
+def positive_number(value: Any, argument: str) -> float:
+    """``value`` as a float if it is a positive finite real number; else an error naming it."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{argument} must be a positive finite number, got {value!r}")
     v = float(value)
     if not (v > 0 and math.isfinite(v)):
         raise ValueError(f"{argument} must be a positive finite number, got {value!r}")
     return v
+
+
+def integer_at_least(value: Any, argument: str, minimum: int) -> int:
+    """``value`` as an int if it is an integer >= ``minimum``; else a ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        allowed = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise ValueError(f"{argument} must be {allowed}, got {value!r}")
+    return int(value)
+
+
+def _check_positive(value: Any, argument: str) -> float | None:
+    return None if value is None else positive_number(value, argument)
+
+
+OPTIMIZERS = ("sgd", "adam")
+
+
+def check_fit_settings(epochs: Any, batch_size: Any, lr: Any, optimizer: Any,
+                       weight_decay: Any, seed: Any, progress: Any
+                       ) -> tuple[int, int, float, float, int]:
+    """The settings both adapters' ``fit`` share, checked: (epochs, batch_size, lr,
+    weight_decay, seed). Errors name the argument and what is allowed."""
+    epochs = integer_at_least(epochs, "epochs", 1)
+    batch_size = integer_at_least(batch_size, "batch_size", 1)
+    for value, name in ((lr, "lr"), (weight_decay, "weight_decay")):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) \
+                or not math.isfinite(value) or value < 0 or (name == "lr" and value == 0):
+            raise ValueError(f"{name} must be a {'positive' if name == 'lr' else 'non-negative'} "
+                             f"finite number, got {value!r}")
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
+    seed = _check_seed(seed)
+    if progress is not None and not callable(progress):
+        raise TypeError(f"progress must be a callable (epoch, epochs) or None, got {progress!r}")
+    return epochs, batch_size, float(lr), float(weight_decay), seed
 
 
 def _unknown_keys(data: Mapping[str, Any], allowed: set[str], what: str) -> None:
@@ -257,5 +291,6 @@ def history_columns(history: list[EpochRecord]) -> dict[str, list[float]]:
     return {k: [getattr(r, k) for r in history] for k in keys}
 
 
-__all__ = ["EpochRecord", "RandBET", "Recipe", "check_training_loss", "history_columns",
+__all__ = ["OPTIMIZERS", "EpochRecord", "RandBET", "Recipe", "check_fit_settings",
+           "check_training_loss", "history_columns", "integer_at_least", "positive_number",
            "thresholds_from_activations"]

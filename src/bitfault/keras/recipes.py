@@ -15,7 +15,6 @@ nested models), which is what threshold dicts are keyed by.
 
 from __future__ import annotations
 
-import math
 import numbers
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -30,19 +29,10 @@ from bitfault.keras.layers import USE_XLA, _channel_axis, _fused
 from bitfault.keras.layouts import SUPPORTED_LAYERS, Slot, dense_mask, plan_slots
 from bitfault.keras.transforms import check_supported, straight_through
 from bitfault.maps import FaultMap
-from bitfault.recipes import thresholds_from_activations
+from bitfault.recipes import positive_number, thresholds_from_activations
 from bitfault.spec import FaultSpec
 
 _STORED = ("kernel", "embeddings")
-
-
-def _check_bound(value: Any, argument: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{argument} must be a positive finite number, got {value!r}")
-    v = float(value)
-    if not (v > 0 and math.isfinite(v)):
-        raise ValueError(f"{argument} must be a positive finite number, got {value!r}")
-    return v
 
 
 def _check_model(model: Any) -> None:
@@ -158,7 +148,7 @@ class ClipWeights(keras.constraints.Constraint):
     """Project a weight to ``[-w_max, w_max]`` (applied by the optimizer after each step)."""
 
     def __init__(self, w_max: float) -> None:
-        self.w_max = _check_bound(w_max, "w_max")
+        self.w_max = positive_number(w_max, "w_max")
 
     def __call__(self, w: Any) -> Any:
         return keras.ops.clip(w, -self.w_max, self.w_max)
@@ -199,7 +189,7 @@ class BoundedReLU:
     """``min(max(x, 0), max_value)`` as a serialisable activation function."""
 
     def __init__(self, max_value: float) -> None:
-        self.max_value = _check_bound(max_value, "max_value")
+        self.max_value = positive_number(max_value, "max_value")
 
     def __call__(self, x: Any) -> Any:
         return keras.activations.relu(x, max_value=self.max_value)
@@ -252,8 +242,8 @@ def _thresholds_by_site(model: keras.Model, thresholds: Any) -> dict[str, float]
         if unknown:
             raise ValueError(f"thresholds names {unknown}, which are not ReLU sites of the "
                              f"model; its ReLU sites: {list(sites)}")
-        return {k: _check_bound(v, f"thresholds[{k!r}]") for k, v in thresholds.items()}
-    t = _check_bound(thresholds, "thresholds")
+        return {k: positive_number(v, f"thresholds[{k!r}]") for k, v in thresholds.items()}
+    t = positive_number(thresholds, "thresholds")
     return dict.fromkeys(sites, t)
 
 

@@ -13,7 +13,6 @@ statistics follow the clean forward pass only. See docs/recipes.md.
 from __future__ import annotations
 
 import math
-import numbers
 import time
 import weakref
 from collections.abc import Callable, Mapping
@@ -38,27 +37,19 @@ from bitfault.keras.recipes import (
     stored_weights,
 )
 from bitfault.keras.transforms import check_supported
-from bitfault.recipes import EpochRecord, Recipe, check_training_loss
+from bitfault.recipes import (
+    OPTIMIZERS,
+    EpochRecord,
+    Recipe,
+    check_fit_settings,
+    check_training_loss,
+    integer_at_least,
+)
 
-OPTIMIZERS = ("sgd", "adam")
 CALIBRATION_SAMPLES = 1000  # activation_clip="calibrate" looks at this many training samples
 
 
 # ---- validation -----------------------------------------------------------------------------
-
-
-def _check_int(value: Any, argument: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError(f"{argument} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
-
-
-def _check_number(value: Any, argument: str, positive: bool) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(
-            value) or value < 0 or (positive and value == 0):
-        raise ValueError(f"{argument} must be a {'positive' if positive else 'non-negative'} "
-                         f"finite number, got {value!r}")
-    return float(value)
 
 
 def _check_data(model: keras.Model, x: Any, y: Any, xname: str,
@@ -226,7 +217,7 @@ def randbet_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, x: A
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(f"optimizer must be a keras optimizer, got {type(optimizer).__name__}")
     xa, ya = _check_data(model, x, y, "x", "y")
-    step = _check_int(step, "step", 0)
+    step = integer_at_least(step, "step", 0)
     if perturb not in (None, True, False):
         raise ValueError(f"perturb must be None, True or False, got {perturb!r}")
     cached = getattr(optimizer, "_bitfault_trainer", None)
@@ -252,7 +243,7 @@ def evaluate(model: keras.Model, x: Any, y: Any, recipe_or_format: Recipe | Form
     if not isinstance(model, keras.Model) or not model.built:
         raise TypeError(f"model must be a built keras.Model, got {type(model).__name__}")
     xa, ya = _check_data(model, x, y, "x", "y")
-    batch_size = _check_int(batch_size, "batch_size", 1)
+    batch_size = integer_at_least(batch_size, "batch_size", 1)
     pairs: list[tuple[Any, Any]] = []
     if fmt is not None:
         if faulty_layers(model):
@@ -286,18 +277,11 @@ def fit(model: keras.Model, x: Any, y: Any, recipe: Recipe, *, epochs: int,
     """
     recipe = _check(model, recipe)
     xa, ya = _check_data(model, x, y, "x", "y")
-    epochs = _check_int(epochs, "epochs", 1)
-    batch_size = _check_int(batch_size, "batch_size", 1)
-    lr = _check_number(lr, "lr", positive=True)
-    weight_decay = _check_number(weight_decay, "weight_decay", positive=False)
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
-    seed = _check_int(seed, "seed", 0)
+    epochs, batch_size, lr, weight_decay, seed = check_fit_settings(
+        epochs, batch_size, lr, optimizer, weight_decay, seed, progress)
     if (x_val is None) != (y_val is None):
         raise ValueError("give both x_val and y_val, or neither")
     val = None if x_val is None else _check_data(model, x_val, y_val, "x_val", "y_val")
-    if progress is not None and not callable(progress):
-        raise TypeError(f"progress must be a callable (epoch, epochs) or None, got {progress!r}")
     # ---- from here on the model changes ----
     if isinstance(recipe.activation_clip, float):
         bound_relus_(model, recipe.activation_clip)

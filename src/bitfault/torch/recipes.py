@@ -8,7 +8,6 @@ thresholds given or found by ``calibrate_relu_thresholds``. ``fit`` in
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -16,16 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from bitfault.recipes import thresholds_from_activations
-
-
-def _positive(value: Any, argument: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{argument} must be a positive finite number, got {value!r}")
-    v = float(value)
-    if not (v > 0 and math.isfinite(v)):
-        raise ValueError(f"{argument} must be a positive finite number, got {value!r}")
-    return v
+from bitfault.recipes import positive_number, thresholds_from_activations
 
 
 class ClipHandle:
@@ -73,7 +63,7 @@ def clip_weights_(optimizer: torch.optim.Optimizer, w_max: float,
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"optimizer must be a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")
-    w_max = _positive(w_max, "w_max")
+    w_max = positive_number(w_max, "w_max")
     owned = [p for g in optimizer.param_groups for p in g["params"]]
     if params is None:
         chosen = [p for p in owned if p.ndim >= 2]
@@ -97,7 +87,7 @@ class BoundedReLU(nn.Hardtanh):
     """``min(max(x, 0), threshold)``: a ReLU clipped at ``threshold`` (Hardtanh(0, t))."""
 
     def __init__(self, threshold: float, inplace: bool = False) -> None:
-        super().__init__(0.0, _positive(threshold, "threshold"), inplace=inplace)
+        super().__init__(0.0, positive_number(threshold, "threshold"), inplace=inplace)
 
     @property
     def threshold(self) -> float:
@@ -126,9 +116,10 @@ def bound_relus_(model: nn.Module, thresholds: float | Mapping[str, float]) -> l
         if unknown:
             raise ValueError(f"thresholds names {unknown}, which are not nn.ReLU modules of the "
                              f"model; its ReLUs are {sorted(relus)}")
-        chosen = {name: _positive(t, f"thresholds[{name!r}]") for name, t in thresholds.items()}
+        chosen = {name: positive_number(t, f"thresholds[{name!r}]")
+                  for name, t in thresholds.items()}
     else:
-        t = _positive(thresholds, "thresholds")
+        t = positive_number(thresholds, "thresholds")
         if not relus:
             raise ValueError("thresholds: the model has no nn.ReLU module to bound (functional "
                              "torch.relu calls cannot be replaced)")

@@ -24,13 +24,19 @@ from torch.func import functional_call
 
 from bitfault.faults import BitFlip, _FaultBase
 from bitfault.formats import Format
-from bitfault.maps import FaultMap, _check_seed
-from bitfault.recipes import EpochRecord, Recipe, check_training_loss
+from bitfault.maps import FaultMap
+from bitfault.recipes import (
+    OPTIMIZERS,
+    EpochRecord,
+    Recipe,
+    check_fit_settings,
+    check_training_loss,
+    integer_at_least,
+)
 from bitfault.torch._inject import _LIVE, DEFAULT_MODULES, _through, inject_
 from bitfault.torch._kernels import DeviceFaults, faulty_group
 from bitfault.torch.recipes import bound_relus_, calibrate_relu_thresholds, clip_weights_
 
-OPTIMIZERS = ("sgd", "adam")
 CALIBRATION_SAMPLES = 1000  # activation_clip="calibrate" looks at this many training samples
 
 
@@ -139,12 +145,6 @@ def randbet_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Te
 
 # ---- validation ------------------------------------------------------------------------------
 
-def _positive_int(value: Any, argument: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{argument} must be a positive integer, got {value!r}")
-    return int(value)
-
-
 def _data(x: Any, y: Any, xname: str, yname: str,
           dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Samples (cast to the model's ``dtype``) and integer labels, checked."""
@@ -199,7 +199,7 @@ def evaluate(model: nn.Module, x: Any, y: Any, recipe_or_format: Recipe | Format
         raise TypeError(f"recipe_or_format must be a Recipe, a format or None, got "
                         f"{recipe_or_format!r}")
     _check_model(model, fmt)
-    batch_size = _positive_int(batch_size, "batch_size")
+    batch_size = integer_at_least(batch_size, "batch_size", 1)
     first = next(model.parameters(), None)
     x, y = _data(x, y, "x", "y", None if first is None else first.dtype)
     device = torch.device("cpu") if first is None else first.device
@@ -239,18 +239,8 @@ def fit(model: nn.Module, x: Any, y: Any, recipe: Recipe, *, epochs: int, batch_
     _check_model(model, recipe.stored_format)
     if any(m in _LIVE for m in model.modules()):
         raise ValueError("model has faults injected (a live inject_ handle); remove() it first")
-    epochs = _positive_int(epochs, "epochs")
-    batch_size = _positive_int(batch_size, "batch_size")
-    for value, name in ((lr, "lr"), (weight_decay, "weight_decay")):
-        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
-                or not math.isfinite(value) or value < 0 or (name == "lr" and value == 0):
-            raise ValueError(f"{name} must be a {'positive' if name == 'lr' else 'non-negative'} "
-                             f"finite number, got {value!r}")
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
-    seed = _check_seed(seed)
-    if progress is not None and not callable(progress):
-        raise TypeError(f"progress must be a callable (epoch, epochs) or None, got {progress!r}")
+    epochs, batch_size, lr, weight_decay, seed = check_fit_settings(
+        epochs, batch_size, lr, optimizer, weight_decay, seed, progress)
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise ValueError("model has no trainable parameter")
