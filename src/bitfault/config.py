@@ -419,14 +419,15 @@ def config_from_dict(data: Mapping[str, Any]) -> RunConfig:
                      campaign=_campaign(d.get("campaign")))
 
 
-def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Parse a .yaml/.yml/.toml/.json file into a dict (not yet validated)."""
+def read_config_file(path: str | os.PathLike[str], what: str = "config") -> dict[str, Any]:
+    """Parse a .yaml/.yml/.toml/.json file into a dict (not yet validated); ``what`` the file
+    holds ("config", "spec") names it in errors."""
     path = os.fspath(path)
     ext = os.path.splitext(path)[1].lower()
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path}: no such config file")
+        raise FileNotFoundError(f"{path}: no such {what} file")
     if ext not in (".yaml", ".yml", ".toml", ".json"):
-        raise ValueError(f"{path}: config files end in .yaml, .yml, .toml or .json")
+        raise ValueError(f"{path}: {what} files end in .yaml, .yml, .toml or .json")
     try:
         if ext == ".toml":
             try:
@@ -449,7 +450,7 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
             try:
                 import yaml
             except ModuleNotFoundError:
-                raise ModuleNotFoundError(f"{path}: reading YAML configs needs PyYAML: pip "
+                raise ModuleNotFoundError(f"{path}: reading YAML {what}s needs PyYAML: pip "
                                           "install pyyaml (or 'bitfault[cli]')") from None
             with open(path, encoding="utf-8") as fh:
                 data = yaml.safe_load(fh)
@@ -462,7 +463,7 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
-        raise ValueError(f"{path}: a config is a mapping at the top level, got "
+        raise ValueError(f"{path}: a {what} is a mapping at the top level, got "
                          f"{type(data).__name__}")
     return dict(data)
 

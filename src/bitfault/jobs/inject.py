@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from bitfault.config import read_config_file
 from bitfault.faults import BitFlip, fault_from_dict
 from bitfault.formats import format_from_dict
 from bitfault.inject import inject_with_stats
@@ -30,23 +31,12 @@ FRAMEWORK_BY_SUFFIX = {".pt": "torch", ".pth": "torch", ".keras": "keras"}
 
 
 def load_spec(source: str | os.PathLike[str] | FaultSpec | dict[str, Any]) -> FaultSpec:
-    """A FaultSpec from a spec, its dict, or a ``.json``/``.yaml`` file of that dict."""
+    """A FaultSpec from a spec, its dict, or a ``.json``/``.yaml``/``.toml`` file of that
+    dict."""
     if isinstance(source, (FaultSpec, dict)):
         return FaultSpec.coerce(source)
     path = os.fspath(source)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path}: no such spec file")
-    with open(path, encoding="utf-8") as fh:
-        text = fh.read()
-    try:
-        if path.endswith((".yaml", ".yml")):
-            import yaml
-
-            data = yaml.safe_load(text)
-        else:
-            data = json.loads(text)
-    except Exception as exc:
-        raise ValueError(f"{path}: not a readable spec ({type(exc).__name__}: {exc})") from None
+    data = read_config_file(path, what="spec")
     try:
         return FaultSpec.coerce(data)
     except (ValueError, TypeError) as exc:
