@@ -418,7 +418,7 @@ def test_activation_map_that_does_not_fit_fails_at_forward_and_cleans_up():
                                          targets=("weights", "activations")))
     with pytest.raises(ValueError, match=r"0.output.*shape"):
         model(torch.randn(2, 20))
-    assert "weight" not in model[0].__dict__ and handle._pass is None
+    assert "weight" not in model[0].__dict__ and handle._shadowed == [] and handle._depth == 0
     handle.remove()
     assert hook_state(model) == hook_state(mlp())
 

@@ -8,8 +8,19 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import bitfault as bf  # noqa: E402
-from bitfault.torch import inject  # noqa: E402
+from bitfault.torch import _fused, _kernels, inject  # noqa: E402
 from bitfault.torch._kernels import DeviceFaults, faulty_group  # noqa: E402
+
+
+@pytest.fixture(autouse=True, params=["numba", "torch"])
+def kernels(request, monkeypatch):
+    """Every test here runs twice on the CPU: through the compiled one-pass kernels and
+    through the PyTorch paths (what runs without Numba, and on other devices)."""
+    if request.param == "numba" and not _fused.available():
+        pytest.skip("Numba is not installed (or BITFAULT_NUMBA=0)")
+    if request.param == "torch":
+        monkeypatch.setattr(_kernels._fused, "available", lambda: False)
+    return request.param
 
 FORMATS = [
     bf.FixedPoint(32, 28, rounding="trunc"), bf.FixedPoint(32, 28), bf.FixedPoint(16, 8),
@@ -114,3 +125,4 @@ def test_inject_leaves_its_input_alone():
     fmap = bf.FaultMap.random((64, 64), bf.FixedPoint(32, 28), ber=0.01, seed=0)
     inject(x, bf.FixedPoint(32, 28), bf.BitFlip(), fmap)
     assert torch.equal(x, before)
+

@@ -2,13 +2,16 @@
 
 How it works: nothing about the model changes but hooks. A forward pre-hook on
 the model computes the faulty value of every targeted parameter once per
-forward pass (one flat pass per dtype and device where the format allows); each
-chosen module's pre-hook shadows its ``weight``/``bias`` with the faulty tensor
-(an instance attribute, found before ``nn.Module.__getattr__`` looks in
-``_parameters``) and its forward hook takes the shadow away again and faults
-the module's output when activations are targeted. Parameters, ``state_dict()``
-and optimizers only ever see the clean tensors. Gradients pass straight through
-the fault (``ste``) or not at all (``blocked``).
+forward pass (one flat pass per dtype and device where the format allows) and
+shadows each module's ``weight``/``bias`` with it (an instance attribute, found
+before ``nn.Module.__getattr__`` looks in ``_parameters``); the model's forward
+hook takes the shadows away again. A chosen module called on its own gets its
+shadows from its own pre-hook, for that call. Activations are faulted by forward
+hooks on their modules. Parameters, ``state_dict()`` and optimizers only ever
+see the clean tensors. Gradients pass straight through the fault (``ste``: the
+faulty tensor is an identity view of the clean one whose memory holds the faulty
+values, so autograd's own view backward hands the gradient on) or not at all
+(``blocked``).
 """
 
 from __future__ import annotations
@@ -60,7 +63,16 @@ def _through(clean: Sequence[torch.Tensor], faulty: Sequence[torch.Tensor],
     """``faulty`` wired into autograd as functions of ``clean`` (when grad is on and needed)."""
     if not faulty or not torch.is_grad_enabled() or not any(t.requires_grad for t in clean):
         return list(faulty)
-    return list(_StraightThrough.apply(list(faulty), blocked, *clean))
+    if blocked:
+        return list(_StraightThrough.apply(list(faulty), blocked, *clean))
+    out = []
+    for c, f in zip(clean, faulty, strict=True):
+        if c.requires_grad:  # an identity view of the clean tensor that holds the faulty values:
+            view = c.view_as(c)  # autograd's own (C++) identity backward, and the gradient
+            view.data = f  # reaches the clean tensor untouched (no Python node, no copy)
+            f = view
+        out.append(f)
+    return out
 
 
 def batch_map(fmap: FaultMap, batch: int) -> FaultMap:
@@ -138,8 +150,11 @@ class FaultHandle:
         self._forwards = 0
         self._faults: dict[tuple, DeviceFaults] = {}
         self._buffers: dict = {}  # the kernels' host scratch, reused forward after forward
-        self._pass: dict[str, torch.Tensor] | None = None
-        self._pass_root: nn.Module | None = None
+        # (module, attribute, tensor name) of each faulted parameter (tied ones under every name)
+        self._slot_names = [(p.module, p.attr, p.name) for p in params] + [
+            (fqn, attr, name) for (fqn, attr), name in aliases.items()]
+        self._model_slots = [(modules[fqn], attr, name) for fqn, attr, name in self._slot_names]
+        self._shadowed: list[tuple[nn.Module, str, str]] = []  # installed for this forward
         self._depth = 0
         self._hooks: list[Any] = []
         self._optimizer_hooks: list[Any] = []
@@ -235,7 +250,7 @@ class FaultHandle:
                     del module.__dict__[attr]
             if _LIVE.get(module) is self:
                 del _LIVE[module]
-        self._pass = None
+        self._shadowed = []
         self._faults.clear()
         self._buffers.clear()
         self._removed = True
@@ -295,8 +310,8 @@ class FaultHandle:
         module = self._modules[p.module] if root is self._model else root.get_submodule(p.module)
         return module._parameters[p.attr]
 
-    def _fault_params(self, params: Sequence[_Param], tensors: Sequence[torch.Tensor]
-                      ) -> dict[str, torch.Tensor]:
+    def _fault_params(self, params: Sequence[_Param], tensors: Sequence[torch.Tensor],
+                      reuse_output: bool = False) -> dict[str, torch.Tensor]:
         groups: dict[tuple, list[int]] = {}
         for i, t in enumerate(tensors):
             groups.setdefault((t.dtype, t.device), []).append(i)
@@ -308,11 +323,17 @@ class FaultHandle:
             clean = [tensors[i] for i in members]
             with torch.no_grad():
                 faulty = faulty_group([c.detach() for c in clean], spec.format, spec.fault, faults,
-                                      buffers=self._buffers)
+                                      buffers=self._buffers, reuse_output=reuse_output)
             for name, t in zip(names, _through(clean, faulty, spec.gradient == "blocked"),
                                strict=True):
                 out[name] = t
         return out
+
+    def _slots(self, root: nn.Module) -> list[tuple[nn.Module, str, str]]:
+        """(module, attribute, tensor name) of every faulted parameter of ``root``'s modules."""
+        if root is self._model:
+            return self._model_slots
+        return [(root.get_submodule(fqn), attr, name) for fqn, attr, name in self._slot_names]
 
     def _root_pre(self, root: nn.Module, args: Any) -> None:
         if self._removed:  # hooks that a deepcopy of the model carried along
@@ -322,42 +343,46 @@ class FaultHandle:
                 if self._forwards != self._step:
                     self._set_maps(self.spec, self._forwards)
                 self._forwards += 1
-            tensors = [self._param_tensor(root, p) for p in self._params]
-            self._pass = self._fault_params(self._params, tensors) if self._params else {}
-            self._pass_root = root
+            if self._params:
+                tensors = [self._param_tensor(root, p) for p in self._params]
+                faulty = self._fault_params(self._params, tensors, reuse_output=True)
+                slots = self._slots(root)
+                for module, attr, name in slots:  # seen before _parameters by module.attr
+                    module.__dict__[attr] = faulty[name]
+                self._shadowed = slots
         self._depth += 1
 
     def _root_post(self, root: nn.Module, args: Any, output: Any) -> None:
         self._depth = max(0, self._depth - 1)
         if self._depth == 0:
-            self._pass = None
-            self._pass_root = None
+            for module, attr, _ in self._shadowed:
+                module.__dict__.pop(attr, None)
+            self._shadowed = []
 
     def _module_pre(self, fqn: str, attrs: tuple[tuple[str, str], ...], module: nn.Module,
                     args: Any) -> None:
+        """A module called on its own, outside a forward of the model: fault its tensors for
+        this call only (inside one, the model's pre-hook has already shadowed them)."""
         if self._removed:
             return
-        in_pass = self._pass is not None and (
-            module is self._modules[fqn] if self._pass_root is self._model else True)
-        missing = []
-        for attr, name in attrs:
-            t = self._pass.get(name) if in_pass else None
-            if t is None:
-                missing.append((attr, name))
-            else:
-                module.__dict__[attr] = t
-        if missing:  # called outside a forward of the injected model
-            params = [_Param(name, fqn, attr, ()) for attr, name in missing]
-            tensors = [module._parameters[attr] for attr, _ in missing]
-            faulty = self._fault_params(params, tensors)
-            for attr, name in missing:
-                module.__dict__[attr] = faulty[name]
+        shadows = module.__dict__
+        missing = [(attr, name) for attr, name in attrs if attr not in shadows]
+        if not missing:
+            return
+        params = [_Param(name, fqn, attr, ()) for attr, name in missing]
+        faulty = self._fault_params(params, [module._parameters[attr] for attr, _ in missing])
+        for attr, name in missing:
+            shadows[attr] = faulty[name]
 
-    def _module_post(self, fqn: str, attrs: tuple[tuple[str, str], ...], activation: bool,
-                     module: nn.Module, args: Any, output: Any) -> Any:
-        for attr, _ in attrs:
-            module.__dict__.pop(attr, None)
-        if not activation or output is None or self._removed:
+        def unshadow(module: nn.Module, args: Any, output: Any) -> None:
+            for attr, _ in missing:
+                module.__dict__.pop(attr, None)
+            once.remove()
+
+        once = module.register_forward_hook(unshadow, always_call=True)
+
+    def _module_post(self, fqn: str, module: nn.Module, args: Any, output: Any) -> Any:
+        if output is None or self._removed:
             return None
         return self._fault_activation(fqn, output)
 
@@ -453,22 +478,24 @@ def inject_(model: nn.Module, spec: FaultSpec | Mapping[str, Any],
         by_module.setdefault(p.module, []).append((p.attr, p.name))
     for (fqn, attr), name in aliases.items():
         by_module.setdefault(fqn, []).append((attr, name))
-    handle._hooks.append(model.register_forward_pre_hook(handle._root_pre, prepend=True))
+    handle._hooks.append(model.register_forward_pre_hook(_bind(handle._root_pre), prepend=True))
     for fqn, module in chosen:
         attrs = tuple(by_module.get(fqn, ()))
-        activation = fqn in activations
         if attrs:
             handle._hooks.append(module.register_forward_pre_hook(
                 _bind(handle._module_pre, fqn, attrs)))
-        if attrs or activation:
+        if fqn in activations:
             handle._hooks.append(module.register_forward_hook(
-                _bind(handle._module_post, fqn, attrs, activation), always_call=True))
+                _bind(handle._module_post, fqn), always_call=True))
+        if attrs or fqn in activations:
             _LIVE[module] = handle
-    handle._hooks.append(model.register_forward_hook(handle._root_post, always_call=True))
+    handle._hooks.append(model.register_forward_hook(_bind(handle._root_post), always_call=True))
     return handle
 
 
 def _bind(fn: Callable[..., Any], *bound: Any) -> Callable[..., Any]:
+    """A hook calling ``fn``: a plain function, which ``copy.deepcopy`` shares rather than
+    copies, so a copied model's hooks still answer to this handle (and go inert with it)."""
     def hook(*args: Any) -> Any:
         return fn(*bound, *args)
     return hook
