@@ -143,34 +143,43 @@ def _kernels() -> dict[str, Callable]:
         return {"fixed": _jit(_fixed_point_kernel), "int": _jit(_int_quant_kernel)}
 
 
-@functools.lru_cache(maxsize=64)
-def _fixed_point_args(fmt: FixedPoint) -> tuple:
-    lo, hi = fmt.code_range
-    return (np.float32(2.0**fmt.frac), np.float32(2.0**-fmt.frac), np.float32(lo),
-            np.float32(hi), hi, 64 - fmt.bits)
+def bind(fmt: FixedPoint | IntQuant, fault: _FaultBase, index: np.ndarray, masks: np.ndarray,
+         shape: tuple[int, ...]) -> Callable[[np.ndarray, np.ndarray], None]:
+    """One tensor's kernel with all but its data bound: ``call(x, out)`` sets the flat float32
+    ``out`` to decode(fault(encode(x))) of the flat float32 ``x``.
 
-
-def fixed_point(x: np.ndarray, out: np.ndarray, index: np.ndarray, masks: np.ndarray,
-                fmt: FixedPoint, fault: _FaultBase) -> None:
-    """``out`` (flat float32) = decode(fault(encode(x))) for FixedPoint "saturate".
-
-    ``index``: flat int64 positions of the faulty elements in ``x``; ``masks``:
-    their int64 bit masks (already restricted to the eligible bits).
+    ``index``: flat int64 positions of the faulty elements; ``masks``: their int64 bit masks
+    (already restricted to the eligible bits). FixedPoint needs overflow "saturate";
+    IntQuant takes its scale and zero point from ``x`` (one, or one per slice along axis 0
+    of the tensor's ``shape``; float64 arithmetic as the core's) and fills ``out`` with NaN
+    when ``x`` holds NaN or inf.
     """
-    up, down, lo, hi32, hi, shift = _fixed_point_args(fmt)
-    _kernels()["fixed"](x, out, index, masks, fault_op(fault), fmt.rounding == "nearest", up,
-                        down, lo, hi32, hi, shift)
-
-
-def int_quant(x: np.ndarray, out: np.ndarray, index: np.ndarray, masks: np.ndarray,
-              fmt: IntQuant, fault: _FaultBase, scales: np.ndarray, zeros: np.ndarray) -> None:
-    """The same for IntQuant with the clean tensor's ``scales``/``zeros`` (one per channel
-    along axis 0, or one), float64 arithmetic throughout as the core's."""
+    op, nearest, shift = fault_op(fault), fmt.rounding == "nearest", 64 - fmt.bits
     lo, hi = fmt.code_range
-    inner = x.size // scales.size if scales.size else 0
-    _kernels()["int"](
-        x, out, inner, scales, zeros, index, masks, fault_op(fault), fmt.rounding == "nearest",
-        float(lo), float(hi), fmt._offset, fmt.word_mask, 64 - fmt.bits, fmt.codes == "signed")
+    if isinstance(fmt, FixedPoint):
+        kernel = _kernels()["fixed"]
+        consts = (op, nearest, np.float32(2.0**fmt.frac), np.float32(2.0**-fmt.frac),
+                  np.float32(lo), np.float32(hi), hi, shift)
+
+        def fixed_point(x: np.ndarray, out: np.ndarray) -> None:
+            kernel(x, out, index, masks, *consts)
+
+        return fixed_point
+    kernel = _kernels()["int"]
+    consts = (op, nearest, float(lo), float(hi), fmt._offset, fmt.word_mask, shift,
+              fmt.codes == "signed")
+
+    def int_quant(x: np.ndarray, out: np.ndarray) -> None:
+        if not x.size:
+            return
+        calib = host_calibration(x.reshape(shape), fmt)
+        if calib is None:  # NaN or inf: no scale, the whole tensor is NaN
+            out.fill(math.nan)
+            return
+        scales, zeros = calib
+        kernel(x, out, x.size // scales.size, scales, zeros, index, masks, *consts)
+
+    return int_quant
 
 
 def host_calibration(x: np.ndarray, fmt: IntQuant) -> tuple[np.ndarray, np.ndarray] | None:

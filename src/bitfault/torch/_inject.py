@@ -154,6 +154,7 @@ class FaultHandle:
         self._slot_names = [(p.module, p.attr, p.name) for p in params] + [
             (fqn, attr, name) for (fqn, attr), name in aliases.items()]
         self._model_slots = [(modules[fqn], attr, name) for fqn, attr, name in self._slot_names]
+        self._model_params = [(modules[p.module], p.attr) for p in params]
         self._shadowed: list[tuple[nn.Module, str, str]] = []  # installed for this forward
         self._depth = 0
         self._hooks: list[Any] = []
@@ -312,9 +313,14 @@ class FaultHandle:
 
     def _fault_params(self, params: Sequence[_Param], tensors: Sequence[torch.Tensor],
                       reuse_output: bool = False) -> dict[str, torch.Tensor]:
-        groups: dict[tuple, list[int]] = {}
-        for i, t in enumerate(tensors):
-            groups.setdefault((t.dtype, t.device), []).append(i)
+        first = tensors[0]
+        kind = (first.dtype, first.device)
+        if all(t.dtype == kind[0] and t.device == kind[1] for t in tensors):
+            groups = {kind: range(len(tensors))}  # the usual case: one pass over all
+        else:
+            groups = {}
+            for i, t in enumerate(tensors):
+                groups.setdefault((t.dtype, t.device), []).append(i)
         out: dict[str, torch.Tensor] = {}
         spec = self.spec
         for (_, device), members in groups.items():
@@ -324,9 +330,8 @@ class FaultHandle:
             with torch.no_grad():
                 faulty = faulty_group([c.detach() for c in clean], spec.format, spec.fault, faults,
                                       buffers=self._buffers, reuse_output=reuse_output)
-            for name, t in zip(names, _through(clean, faulty, spec.gradient == "blocked"),
-                               strict=True):
-                out[name] = t
+            out.update(zip(names, _through(clean, faulty, spec.gradient == "blocked"),
+                           strict=True))
         return out
 
     def _slots(self, root: nn.Module) -> list[tuple[nn.Module, str, str]]:
@@ -344,7 +349,8 @@ class FaultHandle:
                     self._set_maps(self.spec, self._forwards)
                 self._forwards += 1
             if self._params:
-                tensors = [self._param_tensor(root, p) for p in self._params]
+                tensors = ([m._parameters[a] for m, a in self._model_params] if root is self._model
+                           else [self._param_tensor(root, p) for p in self._params])
                 faulty = self._fault_params(self._params, tensors, reuse_output=True)
                 slots = self._slots(root)
                 for module, attr, name in slots:  # seen before _parameters by module.attr

@@ -519,45 +519,53 @@ def _storage_users(t: torch.Tensor) -> int:
     return -1 if use_count is None else int(use_count(t.untyped_storage()._cdata))
 
 
-def _reusable_output(faults: DeviceFaults, xs: Sequence[torch.Tensor]) -> torch.Tensor:
-    """The flat output of the last call for the same tensors, when nothing else holds it any
-    more (no graph saved it, no caller kept it); a new one otherwise, kept for next time.
+class _FusedPass:
+    """The compiled CPU pass over one group of tensors, bound once per map (``_fused``):
+    each tensor's kernel, and the last output (with its views), written again once nothing
+    else holds it."""
 
-    Writing into warm memory instead of fresh pages saves a page fault per 4 KiB.
-    """
-    key = tuple(x.data_ptr() for x in xs)
-    kept = faults.__dict__.get("_output")
-    if kept is not None and kept[0] == key and _storage_users(kept[1]) == kept[2] != -1:
-        return kept[1]
-    out = torch.empty(sum(faults.sizes), dtype=torch.float32)
-    faults.__dict__["_output"] = (key, out, _storage_users(out))  # users when only we hold it
-    return out
+    def __init__(self, fmt: FixedPoint | IntQuant, fault: _FaultBase, faults: DeviceFaults,
+                 shapes: Sequence[tuple[int, ...]]) -> None:
+        self.calls = [_fused.bind(fmt, fault, index, masks, shape)
+                      for (index, masks), shape in zip(faults.host_parts(), shapes, strict=True)]
+        self.spans = [(o, o + n, shape) for o, n, shape in
+                      zip(faults.offsets, faults.sizes, shapes, strict=True)]
+        self.total = sum(faults.sizes)
+        # the kept output: (flat tensor, its users while only this holds it, numpy slices,
+        # tensor views); the views are never handed out, only fresh aliases of them
+        self.kept: tuple[torch.Tensor, int, list[np.ndarray], list[torch.Tensor]] | None = None
+
+    def _output(self, reuse: bool) -> tuple[list[np.ndarray], list[torch.Tensor]]:
+        """Where to write: the kept output when nothing else holds it any more (no graph
+        saved it, no caller kept it): warm memory, not fresh pages to fault in."""
+        kept = self.kept
+        if reuse and kept is not None and _storage_users(kept[0]) == kept[1] != -1:
+            return kept[2], kept[3]
+        out = torch.empty(self.total, dtype=torch.float32)
+        flat = out.numpy()
+        dsts = [flat[a:b] for a, b, _ in self.spans]
+        views = [out[a:b].view(shape) for a, b, shape in self.spans]
+        if reuse:
+            self.kept = (out, _storage_users(out), dsts, views)
+        return dsts, views
+
+    def __call__(self, xs: Sequence[torch.Tensor], reuse: bool) -> list[torch.Tensor]:
+        dsts, views = self._output(reuse)
+        for x, call, dst in zip(xs, self.calls, dsts, strict=True):
+            call(x.reshape(-1).numpy(), dst)
+        return [v.detach() for v in views] if reuse else views
 
 
 def _fused_group(xs: Sequence[torch.Tensor], fmt: FixedPoint | IntQuant, fault: _FaultBase,
                  faults: DeviceFaults, reuse_output: bool) -> list[torch.Tensor]:
     """FixedPoint "saturate" or IntQuant (per tensor / per channel on axis 0) on float32 CPU
-    tensors: one compiled pass per tensor into one flat output (``_fused``)."""
-    if reuse_output:
-        out = _reusable_output(faults, xs)
-    else:
-        out = torch.empty(sum(faults.sizes), dtype=torch.float32)
-    flat_out = out.numpy()
-    outs = []
-    for x, o, n, (index, masks) in zip(xs, faults.offsets, faults.sizes, faults.host_parts(),
-                                       strict=True):
-        dst = flat_out[o:o + n]
-        src = x.reshape(-1).numpy()
-        if isinstance(fmt, FixedPoint):
-            _fused.fixed_point(src, dst, index, masks, fmt, fault)
-        elif n:
-            calib = _fused.host_calibration(src.reshape(x.shape), fmt)
-            if calib is None:  # NaN or inf: no scale, the whole tensor is NaN
-                dst.fill(math.nan)
-            else:
-                _fused.int_quant(src, dst, index, masks, fmt, fault, *calib)
-        outs.append(out[o:o + n].view(x.shape))
-    return outs
+    tensors: one compiled pass per tensor into one flat output, its plan kept with
+    ``faults``."""
+    plans = faults.__dict__.setdefault("_fused", {})
+    plan = plans.get((fmt, fault))
+    if plan is None:
+        plan = plans[(fmt, fault)] = _FusedPass(fmt, fault, faults, [x.shape for x in xs])
+    return plan(xs, reuse_output)
 
 
 # ---- entry point --------------------------------------------------------------------------
