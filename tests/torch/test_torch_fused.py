@@ -3,6 +3,7 @@ only once released. Their bits are checked against the core in test_torch_kernel
 
 import importlib.util
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -44,3 +45,44 @@ def test_group_output_is_reused_only_once_nothing_holds_it():
     assert third.data_ptr() == ptr and torch.equal(third, expected)  # released: written again
     (other,) = faulty_group([x * 2], fmt, fault, faults, reuse_output=True)
     assert other.data_ptr() != ptr  # other tensors: another output
+
+
+def _both_paths(monkeypatch, xs, fmt, fault, maps):
+    faults = DeviceFaults.build(maps, fault.eligible_mask(fmt), "cpu")
+    fused = faulty_group(xs, fmt, fault, faults)
+    with monkeypatch.context() as m:
+        m.setattr(_fused, "available", lambda: False)
+        plain = faulty_group(xs, fmt, fault, faults)
+    return fused, plain
+
+
+TRICKY = {
+    "zeros": np.zeros((6, 5), np.float32),
+    "signed zeros": np.array([[0.0, -0.0, 0.0], [-0.0, -0.0, 0.0]], np.float32),
+    "all negative": -np.linspace(0.1, 3.0, 24, dtype=np.float32).reshape(4, 6),
+    "one element": np.array([[0.3]], np.float32),
+    "nan": np.array([[0.5, np.nan], [1.0, -2.0]], np.float32),
+    "inf": np.array([[0.5, np.inf], [1.0, -2.0]], np.float32),
+    "-inf": np.array([[0.5, -np.inf], [1.0, -2.0]], np.float32),
+    "empty rows": np.zeros((5, 0), np.float32),
+    "ties": (np.arange(-40, 41, dtype=np.float32) / 8).reshape(9, 9),
+}
+
+
+@needs_numba
+@pytest.mark.parametrize("case", sorted(TRICKY))
+@pytest.mark.parametrize("fmt", [
+    bf.IntQuant(8), bf.IntQuant(8, symmetric=False), bf.IntQuant(4, per_channel=True),
+    bf.IntQuant(8, symmetric=False, per_channel=True, codes="unsigned", rounding="trunc"),
+    bf.FixedPoint(32, 28, rounding="trunc"), bf.FixedPoint(8, 3)], ids=repr)
+def test_compiled_and_pytorch_paths_agree_on_edge_cases(monkeypatch, case, fmt):
+    x = TRICKY[case]
+    fmap = bf.FaultMap.random(x.shape, fmt, ber=0.2, seed=5, name="t")
+    (fused,), (plain,) = _both_paths(monkeypatch, [torch.from_numpy(x)], fmt, bf.BitFlip(),
+                                     [fmap])
+    assert torch.equal(fused.view(torch.int32), plain.view(torch.int32))
+    if np.isfinite(x).all():
+        assert np.array_equal(fused.numpy().view(np.uint32),
+                              bf.inject(x, fmt, bf.BitFlip(), fmap).view(np.uint32))
+    elif isinstance(fmt, bf.IntQuant):
+        assert torch.isnan(fused).all()  # no scale from NaN or inf: the whole tensor is NaN

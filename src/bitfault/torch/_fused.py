@@ -101,11 +101,45 @@ def _fixed_point_kernel(x, out, index, masks, op, nearest, up, down, lo, hi32, h
         out[j] = np.float32(np.float64(word) * np.float64(down))
 
 
-def _int_quant_kernel(x, out, inner, scales, zeros, index, masks, op, nearest, lo, hi, offset,
+def _sortable(bits: int) -> int:  # pragma: no cover (compiled)
+    """float32 bits -> an int32 key ordered as the floats are (NaNs beyond the infinities)."""
+    return bits ^ ((bits >> 31) & 0x7FFFFFFF)
+
+
+def _int_quant_kernel(x, out, channels, index, masks, op, nearest, symmetric, lo, hi, offset,
                       word_mask, shift, signed):  # pragma: no cover (compiled)
-    for c in range(scales.size):
+    """Calibrate (per channel, or one channel), quantise, fault, decode. False, with ``out``
+    untouched, when ``x`` holds NaN or inf."""
+    inner = x.size // channels
+    keys = x.view(np.int32)
+    pos_inf, neg_inf = _sortable(0x7F800000), _sortable(-0x800000)
+    scales = np.empty(channels)
+    zeros = np.empty(channels)
+    extremes = np.zeros(2, np.int32)  # the bits of one channel's min and max
+    for c in range(channels):  # min and max through integer keys: one vectorised pass
+        kc = keys[c * inner:(c + 1) * inner]
+        kmin, kmax = pos_inf, neg_inf
+        for i in range(inner):
+            k = _sortable(kc[i])
+            kmin = min(kmin, k)
+            kmax = max(kmax, k)
+        if inner and (kmin <= neg_inf or kmax >= pos_inf):  # -inf, +inf or a NaN
+            return False
+        if inner:
+            extremes[0], extremes[1] = _sortable(kmin), _sortable(kmax)  # an involution
+        mn, mx = np.float64(extremes.view(np.float32)[0]), np.float64(extremes.view(np.float32)[1])
+        if symmetric:
+            scale = max(-mn, mx) / hi
+            zero = 0.0
+        else:
+            xmin, xmax = min(mn, 0.0), max(mx, 0.0)
+            scale = (xmax - xmin) / (hi - lo)
+            zero = min(max(np.rint(lo - xmin / (scale if scale > 0 else 1.0)), lo), hi)
+        scales[c] = scale if scale > 0 else 1.0
+        zeros[c] = zero
+    for c in range(channels):
         s = scales[c]
-        z = np.float64(zeros[c])
+        z = zeros[c]
         xc, oc = x[c * inner:(c + 1) * inner], out[c * inner:(c + 1) * inner]
         for i in range(inner):
             v = np.float64(xc[i]) / s
@@ -120,7 +154,7 @@ def _int_quant_kernel(x, out, inner, scales, zeros, index, masks, op, nearest, l
         c = j // inner
         s = scales[c]
         v = np.float64(x[j]) / s
-        y = (np.rint(v) if nearest else np.trunc(v)) + np.float64(zeros[c])
+        y = (np.rint(v) if nearest else np.trunc(v)) + zeros[c]
         if y < lo:
             y = lo
         if y > hi:
@@ -130,16 +164,18 @@ def _int_quant_kernel(x, out, inner, scales, zeros, index, masks, op, nearest, l
             stored = (stored << shift) >> shift
         else:
             stored = stored & word_mask
-        out[j] = np.float32(np.float64(stored - offset - zeros[c]) * s)
+        out[j] = np.float32(np.float64(stored - offset - np.int64(zeros[c])) * s)
+    return True
 
 
 @functools.cache
 def _kernels() -> dict[str, Callable]:
     """Compile on first use: the helper first, so the kernels call it compiled."""
-    global _fault_word
+    global _fault_word, _sortable
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Numba's notes on caching
         _fault_word = _jit(_fault_word, inline="always")
+        _sortable = _jit(_sortable, inline="always")
         return {"fixed": _jit(_fixed_point_kernel), "int": _jit(_int_quant_kernel)}
 
 
@@ -166,48 +202,12 @@ def bind(fmt: FixedPoint | IntQuant, fault: _FaultBase, index: np.ndarray, masks
 
         return fixed_point
     kernel = _kernels()["int"]
-    consts = (op, nearest, float(lo), float(hi), fmt._offset, fmt.word_mask, shift,
-              fmt.codes == "signed")
+    channels = shape[0] if fmt.axis is not None and shape else 1
+    consts = (op, nearest, fmt.symmetric, float(lo), float(hi), fmt._offset, fmt.word_mask,
+              shift, fmt.codes == "signed")
 
     def int_quant(x: np.ndarray, out: np.ndarray) -> None:
-        if not x.size:
-            return
-        calib = host_calibration(x.reshape(shape), fmt)
-        if calib is None:  # NaN or inf: no scale, the whole tensor is NaN
-            out.fill(math.nan)
-            return
-        scales, zeros = calib
-        kernel(x, out, x.size // scales.size, scales, zeros, index, masks, *consts)
+        if x.size and not kernel(x, out, channels, index, masks, *consts):
+            out.fill(math.nan)  # NaN or inf: no scale, the whole tensor is NaN
 
     return int_quant
-
-
-def host_calibration(x: np.ndarray, fmt: IntQuant) -> tuple[np.ndarray, np.ndarray] | None:
-    """``IntQuant.calibrate`` of a float32 array as flat float64 scales and int64 zeros (one
-    per channel along axis 0, or one); None when ``x`` has NaN or inf."""
-    lo, hi = fmt.code_range
-    if fmt.axis is None or not x.ndim:  # Python floats are IEEE doubles; round() is half-even
-        mn, mx = float(x.min()), float(x.max())
-        if not (math.isfinite(mn) and math.isfinite(mx)):
-            return None
-        if fmt.symmetric:
-            scale, zero = max(-mn, mx) / hi, 0
-        else:
-            xmin, xmax = min(mn, 0.0), max(mx, 0.0)
-            scale = (xmax - xmin) / (hi - lo)
-            zero = min(max(round(lo - xmin / (scale if scale > 0 else 1.0)), lo), hi)
-        return np.array([scale if scale > 0 else 1.0]), np.array([zero], np.int64)
-    rows = x.reshape(x.shape[0], -1)
-    mn = rows.min(axis=1).astype(np.float64)
-    mx = rows.max(axis=1).astype(np.float64)
-    if not (np.isfinite(mn).all() and np.isfinite(mx).all()):
-        return None
-    if fmt.symmetric:
-        scale = np.maximum(-mn, mx) / hi
-        zero = np.zeros(scale.shape, np.int64)
-    else:
-        xmin, xmax = np.minimum(mn, 0.0), np.maximum(mx, 0.0)
-        scale = (xmax - xmin) / (hi - lo)
-        safe = np.where(scale > 0, scale, 1.0)
-        zero = np.clip(np.rint(lo - xmin / safe), lo, hi).astype(np.int64)
-    return np.where(scale > 0, scale, 1.0), zero
