@@ -1,22 +1,25 @@
 """``inject_``: put a model's tensors in faulty memory, in place; the handle that steers it.
 
-How it works: nothing about the model changes but hooks. A forward pre-hook on
-the model computes the faulty value of every targeted parameter once per
-forward pass (one flat pass per dtype and device where the format allows) and
-shadows each module's ``weight``/``bias`` with it (an instance attribute, found
-before ``nn.Module.__getattr__`` looks in ``_parameters``); the model's forward
-hook takes the shadows away again. A chosen module called on its own gets its
-shadows from its own pre-hook, for that call. Activations are faulted by forward
-hooks on their modules. Parameters, ``state_dict()`` and optimizers only ever
-see the clean tensors. Gradients pass straight through the fault (``ste``: the
-faulty tensor is an identity view of the clean one whose memory holds the faulty
-values, so autograd's own view backward hands the gradient on) or not at all
-(``blocked``).
+How it works: hooks, and a ``forward`` on each chosen module instance. A
+forward pre-hook on the model computes the faulty value of every targeted
+parameter once per forward pass (one flat pass per dtype and device where the
+format allows) and shadows each module's ``weight``/``bias`` with it (an
+instance attribute, found before ``nn.Module.__getattr__`` looks in
+``_parameters``); the model's forward hook takes the shadows away again. A
+chosen module called on its own (outside a forward of the model) shadows its
+parameters for that call through its instance ``forward``, which otherwise just
+calls the class's. Activations are faulted by forward hooks on their modules.
+Parameters, ``state_dict()`` and optimizers only ever see the clean tensors.
+Gradients pass straight through the fault (``ste``: the faulty tensor is an
+identity view of the clean one whose memory holds the faulty values, so
+autograd's own view backward hands the gradient on) or not at all
+(``blocked``). ``remove()`` takes all of it off again.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import types
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -36,8 +39,13 @@ DEFAULT_MODULES: tuple[type[nn.Module], ...] = (
 
 FilterFn = Callable[[nn.Module, str], bool]
 
+_Attrs = tuple[tuple[str, str], ...]  # (attribute, tensor name) of a module's faulted parameters
 # module -> the live handle that injects into it (one handle per module)
 _LIVE: weakref.WeakKeyDictionary[nn.Module, FaultHandle] = weakref.WeakKeyDictionary()
+# module -> (handle, its name, (attribute, tensor name) of each faulted parameter): what its
+# overridden forward needs when it is called on its own
+_DIRECT: weakref.WeakKeyDictionary[nn.Module, tuple[FaultHandle, str, _Attrs]] = \
+    weakref.WeakKeyDictionary()
 
 
 class _StraightThrough(torch.autograd.Function):
@@ -251,6 +259,12 @@ class FaultHandle:
                     del module.__dict__[attr]
             if _LIVE.get(module) is self:
                 del _LIVE[module]
+            if _DIRECT.get(module, (None,))[0] is self:
+                del _DIRECT[module]
+                del module.__dict__["forward"]
+                original = module.__dict__.pop("_bitfault_forward", None)
+                if original is not None:
+                    module.forward = original
         self._shadowed = []
         self._faults.clear()
         self._buffers.clear()
@@ -365,27 +379,21 @@ class FaultHandle:
                 module.__dict__.pop(attr, None)
             self._shadowed = []
 
-    def _module_pre(self, fqn: str, attrs: tuple[tuple[str, str], ...], module: nn.Module,
-                    args: Any) -> None:
-        """A module called on its own, outside a forward of the model: fault its tensors for
+    def _direct_call(self, fqn: str, attrs: tuple[tuple[str, str], ...], module: nn.Module,
+                     args: tuple, kwargs: dict) -> Any:
+        """A module called on its own, outside a forward of the model: its tensors faulted for
         this call only (inside one, the model's pre-hook has already shadowed them)."""
-        if self._removed:
-            return
         shadows = module.__dict__
         missing = [(attr, name) for attr, name in attrs if attr not in shadows]
-        if not missing:
-            return
         params = [_Param(name, fqn, attr, ()) for attr, name in missing]
         faulty = self._fault_params(params, [module._parameters[attr] for attr, _ in missing])
-        for attr, name in missing:
-            shadows[attr] = faulty[name]
-
-        def unshadow(module: nn.Module, args: Any, output: Any) -> None:
+        try:
+            for attr, name in missing:
+                shadows[attr] = faulty[name]
+            return _original_forward(module)(*args, **kwargs)
+        finally:
             for attr, _ in missing:
-                module.__dict__.pop(attr, None)
-            once.remove()
-
-        once = module.register_forward_hook(unshadow, always_call=True)
+                shadows.pop(attr, None)
 
     def _module_post(self, fqn: str, module: nn.Module, args: Any, output: Any) -> Any:
         if output is None or self._removed:
@@ -487,9 +495,11 @@ def inject_(model: nn.Module, spec: FaultSpec | Mapping[str, Any],
     handle._hooks.append(model.register_forward_pre_hook(_bind(handle._root_pre), prepend=True))
     for fqn, module in chosen:
         attrs = tuple(by_module.get(fqn, ()))
-        if attrs:
-            handle._hooks.append(module.register_forward_pre_hook(
-                _bind(handle._module_pre, fqn, attrs)))
+        if attrs:  # called on its own, the module faults its parameters itself
+            _DIRECT[module] = (handle, fqn, attrs)
+            if "forward" in module.__dict__:  # an instance's own forward, kept for remove()
+                module.__dict__["_bitfault_forward"] = module.__dict__["forward"]
+            module.forward = types.MethodType(_faulted_forward, module)
         if fqn in activations:
             handle._hooks.append(module.register_forward_hook(
                 _bind(handle._module_post, fqn), always_call=True))
@@ -497,6 +507,24 @@ def inject_(model: nn.Module, spec: FaultSpec | Mapping[str, Any],
             _LIVE[module] = handle
     handle._hooks.append(model.register_forward_hook(_bind(handle._root_post), always_call=True))
     return handle
+
+
+def _original_forward(module: nn.Module) -> Callable[..., Any]:
+    original = module.__dict__.get("_bitfault_forward")
+    return original if original is not None else type(module).forward.__get__(module)
+
+
+def _faulted_forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """A chosen module's ``forward`` while faults are injected (cheaper than a pre-hook, which
+    sends every call through ``nn.Module``'s slow path): within a forward of the model its
+    parameters are already shadowed; called on its own, it shadows them for the call."""
+    entry = _DIRECT.get(module)
+    if entry is not None and not entry[0]._removed:
+        handle, fqn, attrs = entry
+        for attr, _ in attrs:
+            if attr not in module.__dict__:
+                return handle._direct_call(fqn, attrs, module, args, kwargs)
+    return _original_forward(module)(*args, **kwargs)
 
 
 def _bind(fn: Callable[..., Any], *bound: Any) -> Callable[..., Any]:
