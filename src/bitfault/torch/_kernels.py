@@ -561,11 +561,12 @@ def _fused_group(xs: Sequence[torch.Tensor], fmt: FixedPoint | IntQuant, fault: 
     """FixedPoint "saturate" or IntQuant (per tensor / per channel on axis 0) on float32 CPU
     tensors: one compiled pass per tensor into one flat output, its plan kept with
     ``faults``."""
-    plans = faults.__dict__.setdefault("_fused", {})
-    plan = plans.get((fmt, fault))
-    if plan is None:
-        plan = plans[(fmt, fault)] = _FusedPass(fmt, fault, faults, [x.shape for x in xs])
-    return plan(xs, reuse_output)
+    kept = faults.__dict__.get("_fused")  # (fmt, fault, plan): the same objects call after call
+    if kept is None or kept[0] is not fmt or kept[1] is not fault:
+        if kept is None or kept[0] != fmt or kept[1] != fault:
+            kept = (fmt, fault, _FusedPass(fmt, fault, faults, [x.shape for x in xs]))
+        faults.__dict__["_fused"] = kept = (fmt, fault, kept[2])
+    return kept[2](xs, reuse_output)
 
 
 # ---- entry point --------------------------------------------------------------------------
