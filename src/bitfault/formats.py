@@ -501,6 +501,12 @@ class Float(_FormatBase):
 _KINDS: dict[str, type] = {c.kind: c for c in (FixedPoint, IntQuant, Float)}
 
 
+def is_format(obj: Any) -> bool:
+    """``isinstance(obj, Format)``, answered at once for bitfault's own formats (a check
+    against a runtime Protocol inspects the object's members: slow on hot paths)."""
+    return isinstance(obj, _FormatBase) or isinstance(obj, Format)
+
+
 def format_from_dict(data: dict[str, Any]) -> Format:
     """Rebuild a format from ``to_dict()`` output; unknown kinds or keys are errors."""
     if not isinstance(data, dict) or "kind" not in data:

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from bitfault.faults import FaultModel, _FaultBase
-from bitfault.formats import Format, QuantParams, check_float_input
+from bitfault.formats import Format, QuantParams, check_float_input, is_format
 from bitfault.maps import FaultMap, _popcount
 
 
@@ -73,7 +73,7 @@ def inject_with_stats(x: Any, fmt: Format, fault: FaultModel,
                       fmap: FaultMap) -> tuple[np.ndarray, InjectionStats]:
     """``inject`` that also returns an ``InjectionStats``."""
     arr = check_float_input(x)
-    if not isinstance(fmt, Format):
+    if not is_format(fmt):
         raise TypeError(f"fmt must be a bitfault format (FixedPoint, IntQuant, Float), got {fmt!r}")
     check_map_fits(fmap, arr.shape, fmt)
     params: QuantParams | None = fmt.calibrate(arr)  # type: ignore[attr-defined]

@@ -2,16 +2,19 @@
 
 A map is sparse: sorted flat element indices and, for each, a mask of faulty
 bits. Random maps come from NumPy (PCG64) streams keyed by (seed, tensor name,
-step, bit position) through ``SeedSequence``, so the same seed gives the same
-map in every process and framework.
+step) through ``SeedSequence``, so the same seed gives the same map in every
+process and framework.
 
-How a random map is drawn (one bit position at a time, over ``n`` elements):
-hits arrive as a Poisson process of rate ``n`` in "time", each on a uniformly
-random element. A bit is faulty at rate ``p`` if it has a hit before
-``-log(1 - p)``. By Poisson splitting every bit is then faulty independently
-with probability exactly ``p`` (so counts are Binomial), a lower rate's faults
-are a subset of a higher rate's (nesting), and the work is proportional to the
-number of faults, not of bits. ``count=k`` takes the ``k`` bits hit first.
+How a random map is drawn (``ber=``): hits arrive as a Poisson process of rate
+1 per bit in "time", over the tensor's ``n x bits`` (element, bit position)
+cells, each hit on a uniformly random cell, all from one stream per (seed, name,
+step). A bit at position ``b`` is faulty if it has a hit before
+``-log(1 - p_b)``. By Poisson splitting every bit is then faulty independently
+with probability exactly ``p_b`` (so counts are Binomial), a lower rate's faults
+are a subset of a higher rate's (nesting, per position too), the faults of
+chosen positions are those of the full map at those positions, and the work is
+proportional to the number of faults, not of bits. ``count=k`` takes the ``k``
+bits hit first, one stream per bit position.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import numpy as np
 from numpy.random.bit_generator import ISeedSequence
 
 from bitfault.faults import BitSelection, resolve_bits
-from bitfault.formats import Format
+from bitfault.formats import Format, is_format
 
 MAP_FILE_VERSION = 1
 _FIRST_CHUNK = 1 << 8
@@ -74,8 +77,59 @@ def _stream_words(seed: int, name: str, step: int | None) -> np.ndarray:
     return words
 
 
+@functools.lru_cache(maxsize=4096)
+def _cell_words(seed: int, name: str, step: int | None) -> np.ndarray:
+    key = (*name_key(name), 2, 0 if step is None else 1, 0 if step is None else int(step))
+    words = np.random.SeedSequence(seed, spawn_key=key).generate_state(4, np.uint64)
+    words.flags.writeable = False
+    return words
+
+
+def cell_stream(seed: int, name: str, step: int | None = None) -> np.random.Generator:
+    """The PCG64 stream that places ``ber=`` faults on the (element, bit) cells of ``name``."""
+    return np.random.Generator(np.random.PCG64(_SeedWords(_cell_words(seed, name, step))))
+
+
+def _rate_faults(n: int, width: int, rates: dict[int, float], seed: int, name: str,
+                 step: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted element indices and masks of a ``ber=`` map (``rates``: position -> rate).
+
+    One stream over the ``n * width`` cells, cell ``c`` being bit ``c % width`` of element
+    ``c // width``: drawn up to the largest horizon, a hit counts if it comes before its
+    own position's horizon. Positions at rate 1 are every element. Sorting the distinct
+    faulty cells orders them by element, so OR-ing each run of bits gives the masks.
+    """
+    horizon = np.full(width, -np.inf)  # -inf: no faults at that position
+    parts = []
+    for pos, p in rates.items():
+        if n and p >= 1.0:
+            parts.append(np.arange(n, dtype=np.int64) * width + pos)
+        elif n and p > 0.0:
+            horizon[pos] = _horizon(p, n * width)
+    drawn = horizon[np.isfinite(horizon)]
+    if drawn.size:
+        end = float(drawn.max())
+        uneven = bool((drawn < end).any())
+        cells, times = _hits(n * width, cell_stream(seed, name, step), end, with_times=uneven)
+        if uneven:
+            cells = cells[times < horizon[cells % width]]
+        elif drawn.size < width:  # some positions are not drawn: drop their cells
+            cells = cells[np.isfinite(horizon)[cells % width]]
+        parts.append(cells.astype(np.int64))
+    if not parts:
+        return np.zeros(0, np.int64), np.zeros(0, np.uint32)
+    cells = np.sort(np.concatenate(parts) if len(parts) > 1 else parts[0])
+    if not cells.size:
+        return np.zeros(0, np.int64), np.zeros(0, np.uint32)
+    cells = cells[np.concatenate(([True], cells[1:] != cells[:-1]))]
+    elems = cells // width
+    bits = np.left_shift(np.uint32(1), (cells % width).astype(np.uint32))
+    starts = np.flatnonzero(np.concatenate(([True], elems[1:] != elems[:-1])))
+    return elems[starts], np.bitwise_or.reduceat(bits, starts)
+
+
 def bit_stream(seed: int, name: str, position: int, step: int | None = None) -> np.random.Generator:
-    """The PCG64 stream that places faults on bit ``position`` of tensor ``name``.
+    """The PCG64 stream that places ``count=`` faults on bit ``position`` of tensor ``name``.
 
     One ``SeedSequence`` per (seed, name, step) makes the state of every position's
     stream (exactly the four words PCG64 would ask it for); building a generator
@@ -89,13 +143,13 @@ def _hits(n: int, rng: np.random.Generator, horizon: float,
           with_times: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
     """Elements hit before time ``horizon`` (with repeats) in time order, and their times.
 
-    The stream is consumed in a fixed chunk schedule and a chunk's end time is
+    The stream is consumed in a fixed chunk schedule (set by ``n`` alone) and a chunk's end time is
     ``carry + sum(gaps)`` whether or not times are wanted, so the hits before any
     horizon are a prefix of the hits before a later one.
     """
     elements: list[np.ndarray] = []
     times: list[np.ndarray] = []
-    carry, size = 0.0, _FIRST_CHUNK
+    carry, size = 0.0, min(max(_FIRST_CHUNK, n >> 10), _MAX_CHUNK)  # by size, never by rate
     index_dtype = np.uint32 if n <= 1 << 32 else np.int64
     while True:
         chunk = rng.standard_exponential(size)
@@ -307,7 +361,7 @@ class FaultMap:
         ``ber`` and in ``count``.
         """
         dims = _shape_tuple(shape)
-        if not isinstance(fmt, Format):
+        if not is_format(fmt):
             raise TypeError(f"fmt must be a bitfault format (FixedPoint, IntQuant, Float), "
                             f"got {fmt!r}")
         seed = _check_seed(seed)
@@ -329,15 +383,7 @@ class FaultMap:
             rates = _rates_by_position(ber, fmt, positions)
             meta["ber"] = ber if isinstance(ber, (int, float)) else [
                 rates.get(p, 0.0) for p in range(fmt.bits)]
-            per_position = {}
-            for pos, p in rates.items():
-                if p > 0.0 and n > 0:
-                    if p >= 1.0:
-                        per_position[pos] = np.arange(n, dtype=np.int64)
-                    else:  # element indices as drawn (uint32 below 2**32 elements)
-                        per_position[pos] = _hits(n, bit_stream(seed, name, pos, step),
-                                                  _horizon(p, n))[0]
-            idx, masks = _assemble(n, per_position)
+            idx, masks = _rate_faults(n, fmt.bits, rates, seed, name, step)
         else:
             idx, masks = cls._exact_count(n, positions, count, seed, name, step)
             meta["count"] = int(count)  # type: ignore[arg-type]

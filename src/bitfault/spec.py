@@ -26,7 +26,7 @@ from typing import Any, Literal
 import numpy as np
 
 from bitfault.faults import BitFlip, FaultModel, _FaultBase, fault_from_dict
-from bitfault.formats import FixedPoint, Format, format_from_dict
+from bitfault.formats import FixedPoint, Format, format_from_dict, is_format
 from bitfault.maps import FaultMap, _check_rate, _check_seed
 
 TARGETS = ("weights", "biases", "activations")
@@ -87,7 +87,7 @@ class FaultSpec:
     def __post_init__(self) -> None:
         if isinstance(self.format, Mapping):
             object.__setattr__(self, "format", format_from_dict(dict(self.format)))
-        if not isinstance(self.format, Format):
+        if not is_format(self.format):
             raise TypeError(f"format must be FixedPoint, IntQuant or Float, got {self.format!r}")
         if isinstance(self.fault, Mapping):
             object.__setattr__(self, "fault", fault_from_dict(dict(self.fault)))

@@ -196,15 +196,19 @@ class TorchEvaluator:
         return self._stored_cache[key]
 
     def faulty(self, name: str, fmap: FaultMap, spec: FaultSpec) -> Any:
-        """``bitfault.torch.inject`` of the tensor; for formats that store each element on
-        its own (FixedPoint, Float), only the faulty elements are computed and written over
-        the cached stored tensor (the same bits, at a cost proportional to the faults)."""
+        """``bitfault.torch.inject`` of the tensor (the compiled one-pass kernel where it
+        applies); otherwise, for formats that store each element on its own (FixedPoint,
+        Float), only the faulty elements are computed and written over the cached stored
+        tensor (the same bits, at a cost proportional to the faults)."""
         import torch
 
-        from bitfault.torch import inject
+        from bitfault.torch import _fused, inject
 
         clean = self._clean[name]
-        if not isinstance(spec.format, (FixedPoint, Float)) or fmap.indices.size * 8 > fmap.size:
+        compiled = clean.dtype == torch.float32 and clean.device.type == "cpu" and (
+            _fused.available() and _fused.supports(spec.format, clean.ndim))  # one fast pass
+        if compiled or not isinstance(spec.format, (FixedPoint, Float)) or (
+                fmap.indices.size * 8 > fmap.size):
             return inject(clean, spec.format, spec.fault, fmap)
         idx = torch.from_numpy(np.array(fmap.indices, np.int64)).to(clean.device)
         out = self.stored(spec)[name].clone()

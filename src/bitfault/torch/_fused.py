@@ -50,11 +50,16 @@ def available() -> bool:
     return True
 
 
-def int_quant_ok(fmt: IntQuant, ndim: int) -> bool:
-    """Per tensor, or per channel along axis 0 (a weight's output channels)."""
+def supports(fmt: object, ndim: int) -> bool:
+    """FixedPoint with overflow "saturate", and IntQuant per tensor or per channel along
+    axis 0 (a weight's output channels); ValueError for an axis the tensor lacks."""
+    if isinstance(fmt, FixedPoint):
+        return fmt.overflow == "saturate"
+    if not isinstance(fmt, IntQuant):
+        return False
     if fmt.axis is None:
         return True
-    fmt._reduce_axes(ndim)  # ValueError for an axis the tensor does not have
+    fmt._reduce_axes(ndim)
     return fmt.axis % ndim == 0
 
 
@@ -180,15 +185,15 @@ def _kernels() -> dict[str, Callable]:
 
 
 def bind(fmt: FixedPoint | IntQuant, fault: _FaultBase, index: np.ndarray, masks: np.ndarray,
-         shape: tuple[int, ...]) -> Callable[[np.ndarray, np.ndarray], None]:
+         shape: tuple[int, ...]) -> Callable[[np.ndarray, np.ndarray], bool]:
     """One tensor's kernel with all but its data bound: ``call(x, out)`` sets the flat float32
-    ``out`` to decode(fault(encode(x))) of the flat float32 ``x``.
+    ``out`` to decode(fault(encode(x))) of the flat float32 ``x`` (a format ``supports``);
+    it returns False when an IntQuant ``x`` holds NaN or inf (``out`` is then all NaN).
 
     ``index``: flat int64 positions of the faulty elements; ``masks``: their int64 bit masks
     (already restricted to the eligible bits). FixedPoint needs overflow "saturate";
     IntQuant takes its scale and zero point from ``x`` (one, or one per slice along axis 0
-    of the tensor's ``shape``; float64 arithmetic as the core's) and fills ``out`` with NaN
-    when ``x`` holds NaN or inf.
+    of the tensor's ``shape``; float64 arithmetic as the core's).
     """
     op, nearest, shift = fault_op(fault), fmt.rounding == "nearest", 64 - fmt.bits
     lo, hi = fmt.code_range
@@ -197,8 +202,9 @@ def bind(fmt: FixedPoint | IntQuant, fault: _FaultBase, index: np.ndarray, masks
         consts = (op, nearest, np.float32(2.0**fmt.frac), np.float32(2.0**-fmt.frac),
                   np.float32(lo), np.float32(hi), hi, shift)
 
-        def fixed_point(x: np.ndarray, out: np.ndarray) -> None:
+        def fixed_point(x: np.ndarray, out: np.ndarray) -> bool:
             kernel(x, out, index, masks, *consts)
+            return True
 
         return fixed_point
     kernel = _kernels()["int"]
@@ -206,8 +212,10 @@ def bind(fmt: FixedPoint | IntQuant, fault: _FaultBase, index: np.ndarray, masks
     consts = (op, nearest, fmt.symmetric, float(lo), float(hi), fmt._offset, fmt.word_mask,
               shift, fmt.codes == "signed")
 
-    def int_quant(x: np.ndarray, out: np.ndarray) -> None:
+    def int_quant(x: np.ndarray, out: np.ndarray) -> bool:
         if x.size and not kernel(x, out, channels, index, masks, *consts):
             out.fill(math.nan)  # NaN or inf: no scale, the whole tensor is NaN
+            return False
+        return True
 
     return int_quant

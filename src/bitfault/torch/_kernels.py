@@ -594,11 +594,10 @@ def faulty_group(xs: Sequence[torch.Tensor], fmt, fault: _FaultBase, faults: Dev
         outs = faulty_group([x.to(torch.float32) for x in xs], fmt, fault, faults, strict,
                             buffers)
         return [o.to(torch.bfloat16) for o in outs]
-    if dtype == torch.float32 and xs[0].device.type == "cpu" and _fused.available():
-        if (isinstance(fmt, FixedPoint) and fmt.overflow == "saturate") or (
-                isinstance(fmt, IntQuant) and not strict
-                and all(_fused.int_quant_ok(fmt, x.ndim) for x in xs)):
-            return _fused_group(xs, fmt, fault, faults, reuse_output)
+    if dtype == torch.float32 and xs[0].device.type == "cpu" and _fused.available() and (
+            not strict or not isinstance(fmt, IntQuant)) and all(
+            _fused.supports(fmt, x.ndim) for x in xs):
+        return _fused_group(xs, fmt, fault, faults, reuse_output)
     if dtype == torch.float32 and _fast_elementwise(fmt):
         if isinstance(fmt, FixedPoint):
             out = faulty_fixed_point_f32(xs, fmt, fault, faults)

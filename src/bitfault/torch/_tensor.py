@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from bitfault.faults import _FaultBase
-from bitfault.formats import Format
+from bitfault.formats import Format, is_format
 from bitfault.inject import check_map_fits
 from bitfault.maps import FaultMap
+from bitfault.torch import _fused
 from bitfault.torch._kernels import DeviceFaults, check_float_dtype, faulty_group
 
 
@@ -25,11 +27,21 @@ def inject(x: torch.Tensor, fmt: Format, fault: Any, fmap: FaultMap) -> torch.Te
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     check_float_dtype(x.dtype, "x")
-    if not isinstance(fmt, Format):
+    if not is_format(fmt):
         raise TypeError(f"fmt must be a bitfault format (FixedPoint, IntQuant, Float), got {fmt!r}")
     if not isinstance(fault, _FaultBase):
         raise TypeError(f"fault must be BitFlip() or StuckAt(0|1), got {fault!r}")
     check_map_fits(fmap, tuple(x.shape), fmt)
+    if x.dtype == torch.float32 and x.device.type == "cpu" and _fused.available() \
+            and _fused.supports(fmt, x.ndim):  # the compiled pass, straight from the map
+        masks = fmap.masks & np.uint32(fault.eligible_mask(fmt))
+        keep = masks != 0
+        call = _fused.bind(fmt, fault, fmap.indices[keep].astype(np.int64),
+                           masks[keep].astype(np.int64), tuple(x.shape))
+        out = torch.empty(tuple(x.shape), dtype=torch.float32)
+        if call(x.detach().reshape(-1).numpy(), out.view(-1).numpy()):
+            return out
+        # an IntQuant tensor with NaN or inf: the PyTorch path raises the core's error
     faults = DeviceFaults.build([fmap], fault.eligible_mask(fmt), x.device)
     with torch.no_grad():
         return faulty_group([x.detach()], fmt, fault, faults, strict=True)[0]
