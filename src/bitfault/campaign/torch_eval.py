@@ -125,6 +125,8 @@ class TorchEvaluator:
         self._stored_cache: dict[tuple[str, str], dict[str, Any]] = {}
         self._golden: dict[tuple[str, str], np.ndarray] = {}
         self._graph: _Graph | bool | None = None  # None: not traced yet; False: untraceable
+        self._replica: tuple[Any, dict[str, Any]] | None = None  # (model, its tensors by name)
+        self._loaded: dict[str, Any] = {}  # name -> the tensor the replica holds (None: faulty)
 
     # ---- the Evaluator protocol ------------------------------------------------------------
 
@@ -224,16 +226,60 @@ class TorchEvaluator:
         sub = FaultMap((n,), np.arange(n, dtype=np.int64), fmap.masks, name)
         return inject(self._clean[name].reshape(-1)[idx], spec.format, spec.fault, sub)
 
-    def _forward(self, params: Mapping[str, Any]) -> np.ndarray:
-        import torch
-        from torch.func import functional_call
+    def _replica_tensors(self) -> dict[str, Any]:
+        """A replica of the model that trials write their tensors into, by name (cheaper
+        than ``functional_call``'s reparametrisation, and no copy for compiled formats)."""
+        if self._replica is None:
+            replica = copy.deepcopy(self.model)
+            tensors = dict(replica.named_parameters())
+            tensors.update(replica.named_buffers())
+            self._replica = (replica, tensors)
+            self._loaded = {}
+        return self._replica[1]
 
+    def _forward(self, params: Mapping[str, Any]) -> np.ndarray:
+        """Predictions of the whole model with ``params`` in place of its tensors."""
+        import torch
+
+        tensors = self._replica_tensors()
+        with torch.no_grad():
+            for name, t in params.items():
+                if self._loaded.get(name) is not t:  # what the replica holds already stays
+                    tensors[name].copy_(t)
+                    self._loaded[name] = t
+        return self._run_replica()
+
+    def _run_replica(self) -> np.ndarray:
+        import torch
+
+        replica = self._replica[0]
         preds = []
         with torch.no_grad():
             for b in self._batches():
-                logits = functional_call(self.model, dict(params), (self.x[b],))
+                logits = replica(self.x[b])
                 preds.append(predicted_labels(logits.float().cpu().numpy()))
         return np.concatenate(preds)
+
+    def _write_faulty(self, name: str, fmap: FaultMap, spec: FaultSpec) -> bool:
+        """Write the faulty tensor straight into the replica with the compiled kernel; False
+        where that does not apply (another device or dtype, a format it lacks, NaN or inf
+        in an IntQuant tensor), and the replica is then untouched or to be overwritten."""
+        import torch
+
+        from bitfault.torch import _fused
+
+        clean, dst = self._clean[name], self._replica_tensors()[name]
+        if not (clean.dtype == torch.float32 and clean.device.type == "cpu" and
+                dst.is_contiguous() and _fused.available() and
+                _fused.supports(spec.format, clean.ndim)):
+            return False
+        masks = fmap.masks & np.uint32(spec.fault.eligible_mask(spec.format))
+        keep = masks != 0
+        call = _fused.bind(spec.format, spec.fault, fmap.indices[keep].astype(np.int64),
+                           masks[keep].astype(np.int64), tuple(clean.shape))
+        self._loaded[name] = None
+        with torch.no_grad():
+            return call(clean.reshape(-1).numpy(), dst.view(-1).numpy())
 
     def golden(self, spec: FaultSpec) -> np.ndarray:
         """Predictions with every target stored in the format and no fault (computed once)."""
@@ -245,7 +291,10 @@ class TorchEvaluator:
     def _predict_full(self, maps: Maps, spec: FaultSpec) -> np.ndarray:
         params = dict(self.stored(spec))
         for name, fmap in maps.items():
-            params[name] = self.faulty(name, fmap, spec)
+            if fmap.n_faults and self._write_faulty(name, fmap, spec):
+                del params[name]  # the replica holds its faulty values already
+            elif fmap.n_faults:
+                params[name] = self.faulty(name, fmap, spec)
         return self._forward(params)
 
     # ---- the traced graph --------------------------------------------------------------------
