@@ -41,7 +41,7 @@ def training_step(model: torch.nn.Module, x: torch.Tensor,
     return step
 
 
-def clone_kernel(xs, fmt, fault, faults, strict=False, buffers=None):
+def clone_kernel(xs, fmt, fault, faults, strict=False, buffers=None, reuse_output=False):
     return [t.clone() for t in xs]
 
 

@@ -38,6 +38,8 @@ MAP_FILE_VERSION = 1
 _FIRST_CHUNK = 1 << 8
 _MAX_BITS = 32
 _MAX_CHUNK = 1 << 20
+_MAX_MARKS = 1 << 30  # dense maps: one byte per (element, bit) cell up to this many cells
+_BIT = np.left_shift(np.uint32(1), np.arange(32, dtype=np.uint32))
 
 
 def _popcount(x: np.ndarray) -> np.ndarray:
@@ -107,25 +109,37 @@ def _rate_faults(n: int, width: int, rates: dict[int, float], seed: int, name: s
         elif n and p > 0.0:
             horizon[pos] = _horizon(p, n * width)
     drawn = horizon[np.isfinite(horizon)]
+    pow2 = width & (width - 1) == 0  # then shifts and masks split a cell
+    shift = width.bit_length() - 1
     if drawn.size:
         end = float(drawn.max())
         uneven = bool((drawn < end).any())
         cells, times = _hits(n * width, cell_stream(seed, name, step), end, with_times=uneven)
-        if uneven:
-            cells = cells[times < horizon[cells % width]]
-        elif drawn.size < width:  # some positions are not drawn: drop their cells
-            cells = cells[np.isfinite(horizon)[cells % width]]
-        parts.append(cells.astype(np.int64))
+        if uneven or drawn.size < width:  # keep each hit before its own position's horizon
+            pos = cells & (width - 1) if pow2 else cells % width
+            cells = cells[times < horizon[pos]] if uneven else cells[np.isfinite(horizon)[pos]]
+        parts.append(cells)
     if not parts:
         return np.zeros(0, np.int64), np.zeros(0, np.uint32)
-    cells = np.sort(np.concatenate(parts) if len(parts) > 1 else parts[0])
+    cells = np.concatenate(parts) if len(parts) > 1 else parts[0]
+    if cells.size > 2 * n and n * width <= _MAX_MARKS:  # dense: a flag per cell, packed
+        row = -(-width // 8) * 8  # an element's bits, rounded up to whole bytes
+        marks = np.zeros(n * row, dtype=bool)
+        marks[cells if row == width else (cells // width) * row + cells % width] = True
+        packed = np.packbits(marks.reshape(n, row), axis=1, bitorder="little")
+        if packed.shape[1] < 4:
+            packed = np.concatenate([packed, np.zeros((n, 4 - packed.shape[1]), np.uint8)], 1)
+        acc = packed.view("<u4").reshape(n)
+        idx = np.flatnonzero(acc)
+        return idx, acc[idx].astype(np.uint32)
+    cells = np.sort(cells)
     if not cells.size:
         return np.zeros(0, np.int64), np.zeros(0, np.uint32)
     cells = cells[np.concatenate(([True], cells[1:] != cells[:-1]))]
-    elems = cells // width
-    bits = np.left_shift(np.uint32(1), (cells % width).astype(np.uint32))
+    elems = cells >> shift if pow2 else cells // width
+    bits = _BIT[cells & (width - 1) if pow2 else cells % width]
     starts = np.flatnonzero(np.concatenate(([True], elems[1:] != elems[:-1])))
-    return elems[starts], np.bitwise_or.reduceat(bits, starts)
+    return elems[starts].astype(np.int64), np.bitwise_or.reduceat(bits, starts)
 
 
 def bit_stream(seed: int, name: str, position: int, step: int | None = None) -> np.random.Generator:
@@ -149,7 +163,7 @@ def _hits(n: int, rng: np.random.Generator, horizon: float,
     """
     elements: list[np.ndarray] = []
     times: list[np.ndarray] = []
-    carry, size = 0.0, min(max(_FIRST_CHUNK, n >> 10), _MAX_CHUNK)  # by size, never by rate
+    carry, size = 0.0, min(max(_FIRST_CHUNK, n >> 10), 1 << 13)  # by size, never by rate
     index_dtype = np.uint32 if n <= 1 << 32 else np.int64
     while True:
         chunk = rng.standard_exponential(size)
