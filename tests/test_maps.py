@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import reference as ref
+from bitfault import maps as maps_module
 from bitfault.formats import FixedPoint, Float, IntQuant
 from bitfault.maps import FaultMap
 
@@ -464,3 +465,12 @@ def test_other_bad_arguments_rejected():
         FaultMap.random((4, -1), Q84, ber=0.1)
     with pytest.raises(ValueError, match="unknown bit field 'mantissa'"):
         FaultMap.random((4,), Q84, ber=0.1, bits="mantissa")
+
+
+@pytest.mark.parametrize("fmt", [FixedPoint(32, 28), FixedPoint(12, 4), IntQuant(8)], ids=repr)
+@pytest.mark.parametrize("ber", [0.01, 0.3, 0.9])
+def test_dense_and_sparse_assembly_give_the_same_map(monkeypatch, fmt, ber):
+    """Dense maps are packed from one flag per cell, sparse ones sorted: the same bits."""
+    packed = FaultMap.random((300, 7), fmt, ber=ber, seed=3, name="t")
+    monkeypatch.setattr(maps_module, "_MAX_MARKS", 0)  # never pack: always sort
+    assert FaultMap.random((300, 7), fmt, ber=ber, seed=3, name="t") == packed
