@@ -67,18 +67,24 @@ class _StraightThrough(torch.autograd.Function):
 
 
 def _through(clean: Sequence[torch.Tensor], faulty: Sequence[torch.Tensor],
-             blocked: bool) -> list[torch.Tensor]:
-    """``faulty`` wired into autograd as functions of ``clean`` (when grad is on and needed)."""
-    if not faulty or not torch.is_grad_enabled() or not any(t.requires_grad for t in clean):
-        return list(faulty)
-    if blocked:
-        return list(_StraightThrough.apply(list(faulty), blocked, *clean))
+             blocked: bool, kept: bool = False) -> list[torch.Tensor]:
+    """``faulty`` wired into autograd as functions of ``clean`` (when grad is on and needed).
+
+    ``kept``: the faulty tensors are views the kernel keeps and writes again later; only
+    fresh aliases of them are handed out (so their memory's use count shows who holds it).
+    """
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in clean)
+    if not faulty or not grad or blocked:
+        faulty = [f.detach() for f in faulty] if kept else list(faulty)
+        return list(_StraightThrough.apply(faulty, True, *clean)) if grad else faulty
     out = []
     for c, f in zip(clean, faulty, strict=True):
         if c.requires_grad:  # an identity view of the clean tensor that holds the faulty values:
             view = c.view_as(c)  # autograd's own (C++) identity backward, and the gradient
             view.data = f  # reaches the clean tensor untouched (no Python node, no copy)
             f = view
+        elif kept:
+            f = f.detach()
         out.append(f)
     return out
 
@@ -344,8 +350,8 @@ class FaultHandle:
             with torch.no_grad():
                 faulty = faulty_group([c.detach() for c in clean], spec.format, spec.fault, faults,
                                       buffers=self._buffers, reuse_output=reuse_output)
-            out.update(zip(names, _through(clean, faulty, spec.gradient == "blocked"),
-                           strict=True))
+            out.update(zip(names, _through(clean, faulty, spec.gradient == "blocked",
+                                           kept=reuse_output), strict=True))
         return out
 
     def _slots(self, root: nn.Module) -> list[tuple[nn.Module, str, str]]:

@@ -532,7 +532,7 @@ class _FusedPass:
                       zip(faults.offsets, faults.sizes, shapes, strict=True)]
         self.total = sum(faults.sizes)
         # the kept output: (flat tensor, its users while only this holds it, numpy slices,
-        # tensor views); the views are never handed out, only fresh aliases of them
+        # tensor views); callers hand out only fresh aliases of the views
         self.kept: tuple[torch.Tensor, int, list[np.ndarray], list[torch.Tensor]] | None = None
 
     def _output(self, reuse: bool) -> tuple[list[np.ndarray], list[torch.Tensor]]:
@@ -553,7 +553,7 @@ class _FusedPass:
         dsts, views = self._output(reuse)
         for x, call, dst in zip(xs, self.calls, dsts, strict=True):
             call(x.reshape(-1).numpy(), dst)
-        return [v.detach() for v in views] if reuse else views
+        return views
 
 
 def _fused_group(xs: Sequence[torch.Tensor], fmt: FixedPoint | IntQuant, fault: _FaultBase,
@@ -585,7 +585,8 @@ def faulty_group(xs: Sequence[torch.Tensor], fmt, fault: _FaultBase, faults: Dev
     bfloat16 goes through float32 and is rounded back by PyTorch's cast.
     ``buffers``: a dict the caller keeps between calls, where host scratch is reused.
     ``reuse_output``: the fused CPU kernels may write into the output of the previous call
-    with the same ``faults`` and tensors once nothing else holds it.
+    with the same ``faults`` once nothing else holds it; the tensors returned are then that
+    output's own views, to be handed on only as fresh aliases (``detach()``, ``view_as``).
     """
     if not xs:
         return []
