@@ -73,8 +73,10 @@ def _through(clean: Sequence[torch.Tensor], faulty: Sequence[torch.Tensor],
     ``kept``: the faulty tensors are views the kernel keeps and writes again later; only
     fresh aliases of them are handed out (so their memory's use count shows who holds it).
     """
+    if not faulty:
+        return []
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in clean)
-    if not faulty or not grad or blocked:
+    if not grad or blocked:
         faulty = [f.detach() for f in faulty] if kept else list(faulty)
         return list(_StraightThrough.apply(faulty, True, *clean)) if grad else faulty
     out = []
@@ -267,7 +269,7 @@ class FaultHandle:
                 del _LIVE[module]
             if _DIRECT.get(module, (None,))[0] is self:
                 del _DIRECT[module]
-                del module.__dict__["forward"]
+                module.__dict__.pop("forward", None)
                 original = module.__dict__.pop("_bitfault_forward", None)
                 if original is not None:
                     module.forward = original
