@@ -98,8 +98,10 @@ def _rate_faults(n: int, width: int, rates: dict[int, float], seed: int, name: s
 
     One stream over the ``n * width`` cells, cell ``c`` being bit ``c % width`` of element
     ``c // width``: drawn up to the largest horizon, a hit counts if it comes before its
-    own position's horizon. Positions at rate 1 are every element. Sorting the distinct
-    faulty cells orders them by element, so OR-ing each run of bits gives the masks.
+    own position's horizon. Positions at rate 1 are every element. Sparse maps: sorting
+    the distinct faulty cells orders them by element, so OR-ing each run of bits gives
+    the masks. Dense ones (more hits than two per element): a flag per cell, packed eight
+    to a byte, is each element's mask. Both give the same bits.
     """
     horizon = np.full(width, -np.inf)  # -inf: no faults at that position
     parts = []
