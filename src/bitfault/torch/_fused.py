@@ -80,28 +80,26 @@ def _fault_word(word: int, mask: int, op: int) -> int:  # pragma: no cover (comp
     return word & ~mask
 
 
+def _fixed_code(v, nearest, up, lo, hi32):  # pragma: no cover (compiled)
+    """An element's code as a float32: rounded, clamped to [lo, float32(hi)], NaN -> 0."""
+    t = np.rint(v * up) if nearest else np.trunc(v * up)
+    if t < lo:
+        t = lo
+    if t > hi32:
+        t = hi32
+    if t != t:
+        t = np.float32(0.0)
+    return t
+
+
 def _fixed_point_kernel(x, out, index, masks, op, nearest, up, down, lo, hi32, hi,
                         shift):  # pragma: no cover (compiled)
-    zero = np.float32(0.0)
     for i in range(x.size):
-        t = np.rint(x[i] * up) if nearest else np.trunc(x[i] * up)
-        if t < lo:
-            t = lo
-        if t > hi32:
-            t = hi32
-        if t != t:
-            t = zero
-        out[i] = t * down + zero  # code 0 decodes to +0.0
+        out[i] = _fixed_code(x[i], nearest, up, lo, hi32) * down + np.float32(0.0)  # +0.0
     for k in range(index.size):
         j = index[k]
-        t = np.rint(x[j] * up) if nearest else np.trunc(x[j] * up)
-        if t < lo:
-            t = lo
-        if t > hi32:
-            t = hi32
-        if t != t:
-            t = zero
-        word = _fault_word(min(np.int64(t), hi), masks[k], op)
+        code = min(np.int64(_fixed_code(x[j], nearest, up, lo, hi32)), hi)
+        word = _fault_word(code, masks[k], op)
         word = (word << shift) >> shift  # two's complement of the low bits
         out[j] = np.float32(np.float64(word) * np.float64(down))
 
@@ -109,6 +107,17 @@ def _fixed_point_kernel(x, out, index, masks, op, nearest, up, down, lo, hi32, h
 def _sortable(bits: int) -> int:  # pragma: no cover (compiled)
     """float32 bits -> an int32 key ordered as the floats are (NaNs beyond the infinities)."""
     return bits ^ ((bits >> 31) & 0x7FFFFFFF)
+
+
+def _int_code(v, s, z, nearest, lo, hi):  # pragma: no cover (compiled)
+    """An element's code as a float64: ``round(v / s) + z`` clamped to [lo, hi]."""
+    q = np.float64(v) / s
+    y = (np.rint(q) if nearest else np.trunc(q)) + z
+    if y < lo:
+        y = lo
+    if y > hi:
+        y = hi
+    return y
 
 
 def _int_quant_kernel(x, out, channels, index, masks, op, nearest, symmetric, lo, hi, offset,
@@ -147,23 +156,13 @@ def _int_quant_kernel(x, out, channels, index, masks, op, nearest, symmetric, lo
         z = zeros[c]
         xc, oc = x[c * inner:(c + 1) * inner], out[c * inner:(c + 1) * inner]
         for i in range(inner):
-            v = np.float64(xc[i]) / s
-            y = (np.rint(v) if nearest else np.trunc(v)) + z
-            if y < lo:
-                y = lo
-            if y > hi:
-                y = hi
+            y = _int_code(xc[i], s, z, nearest, lo, hi)
             oc[i] = np.float32((y - z) * s + 0.0)  # -0.0 -> +0.0, as the core's codes
     for k in range(index.size):
         j = index[k]
         c = j // inner
         s = scales[c]
-        v = np.float64(x[j]) / s
-        y = (np.rint(v) if nearest else np.trunc(v)) + zeros[c]
-        if y < lo:
-            y = lo
-        if y > hi:
-            y = hi
+        y = _int_code(x[j], s, zeros[c], nearest, lo, hi)
         stored = _fault_word((np.int64(y) + offset) & word_mask, masks[k], op)
         if signed:
             stored = (stored << shift) >> shift
@@ -175,12 +174,14 @@ def _int_quant_kernel(x, out, channels, index, masks, op, nearest, symmetric, lo
 
 @functools.cache
 def _kernels() -> dict[str, Callable]:
-    """Compile on first use: the helper first, so the kernels call it compiled."""
-    global _fault_word, _sortable
+    """Compile on first use: the helpers first (inlined, so the loops still vectorise)."""
+    global _fault_word, _sortable, _fixed_code, _int_code
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Numba's notes on caching
         _fault_word = _jit(_fault_word, inline="always")
         _sortable = _jit(_sortable, inline="always")
+        _fixed_code = _jit(_fixed_code, inline="always")
+        _int_code = _jit(_int_code, inline="always")
         return {"fixed": _jit(_fixed_point_kernel), "int": _jit(_int_quant_kernel)}
 
 
