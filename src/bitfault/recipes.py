@@ -61,6 +61,7 @@ def _check_positive(value: Any, argument: str) -> float | None:
 
 
 OPTIMIZERS = ("sgd", "adam")
+CALIBRATION_SAMPLES = 1000  # activation_clip="calibrate" looks at this many training samples
 
 
 def check_fit_settings(epochs: Any, batch_size: Any, lr: Any, optimizer: Any,
@@ -291,6 +292,6 @@ def history_columns(history: list[EpochRecord]) -> dict[str, list[float]]:
     return {k: [getattr(r, k) for r in history] for k in keys}
 
 
-__all__ = ["OPTIMIZERS", "EpochRecord", "RandBET", "Recipe", "check_fit_settings",
-           "check_training_loss", "history_columns", "integer_at_least", "positive_number",
-           "thresholds_from_activations"]
+__all__ = ["CALIBRATION_SAMPLES", "OPTIMIZERS", "EpochRecord", "RandBET", "Recipe",
+           "check_fit_settings", "check_training_loss", "history_columns", "integer_at_least",
+           "positive_number", "thresholds_from_activations"]

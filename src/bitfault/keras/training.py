@@ -38,6 +38,7 @@ from bitfault.keras.recipes import (
 )
 from bitfault.keras.transforms import check_supported
 from bitfault.recipes import (
+    CALIBRATION_SAMPLES,
     OPTIMIZERS,
     EpochRecord,
     Recipe,
@@ -45,9 +46,6 @@ from bitfault.recipes import (
     check_training_loss,
     integer_at_least,
 )
-
-CALIBRATION_SAMPLES = 1000  # activation_clip="calibrate" looks at this many training samples
-
 
 # ---- validation -----------------------------------------------------------------------------
 

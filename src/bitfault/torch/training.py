@@ -26,6 +26,7 @@ from bitfault.faults import BitFlip, _FaultBase
 from bitfault.formats import Format
 from bitfault.maps import FaultMap
 from bitfault.recipes import (
+    CALIBRATION_SAMPLES,
     OPTIMIZERS,
     EpochRecord,
     Recipe,
@@ -36,8 +37,6 @@ from bitfault.recipes import (
 from bitfault.torch._inject import _LIVE, DEFAULT_MODULES, _through, inject_
 from bitfault.torch._kernels import DeviceFaults, faulty_group
 from bitfault.torch.recipes import bound_relus_, calibrate_relu_thresholds, clip_weights_
-
-CALIBRATION_SAMPLES = 1000  # activation_clip="calibrate" looks at this many training samples
 
 
 def stored_weights(model: nn.Module) -> dict[str, nn.Parameter]:
