@@ -204,11 +204,11 @@ class TorchEvaluator:
         tensor (the same bits, at a cost proportional to the faults)."""
         import torch
 
-        from bitfault.torch import _fused, inject
+        from bitfault.torch import inject
+        from bitfault.torch._kernels import compiled_for
 
         clean = self._clean[name]
-        compiled = clean.dtype == torch.float32 and clean.device.type == "cpu" and (
-            _fused.available() and _fused.supports(spec.format, clean.ndim))  # one fast pass
+        compiled = compiled_for(clean, spec.format)  # one fast pass
         if compiled or not isinstance(spec.format, (FixedPoint, Float)) or (
                 fmap.indices.size * 8 > fmap.size):
             return inject(clean, spec.format, spec.fault, fmap)
@@ -267,16 +267,12 @@ class TorchEvaluator:
         import torch
 
         from bitfault.torch import _fused
+        from bitfault.torch._kernels import compiled_for
 
         clean, dst = self._clean[name], self._replica_tensors()[name]
-        if not (clean.dtype == torch.float32 and clean.device.type == "cpu" and
-                dst.is_contiguous() and _fused.available() and
-                _fused.supports(spec.format, clean.ndim)):
+        if not (compiled_for(clean, spec.format) and dst.is_contiguous()):
             return False
-        masks = fmap.masks & np.uint32(spec.fault.eligible_mask(spec.format))
-        keep = masks != 0
-        call = _fused.bind(spec.format, spec.fault, fmap.indices[keep].astype(np.int64),
-                           masks[keep].astype(np.int64), tuple(clean.shape))
+        call = _fused.bind_map(spec.format, spec.fault, fmap)
         self._loaded[name] = None
         with torch.no_grad():
             return call(clean.reshape(-1).numpy(), dst.view(-1).numpy())

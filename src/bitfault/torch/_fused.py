@@ -27,6 +27,7 @@ import numpy as np
 
 from bitfault.faults import BitFlip, StuckAt, _FaultBase
 from bitfault.formats import FixedPoint, IntQuant
+from bitfault.maps import FaultMap
 
 
 def fault_op(fault: _FaultBase) -> int:
@@ -220,3 +221,12 @@ def bind(fmt: FixedPoint | IntQuant, fault: _FaultBase, index: np.ndarray, masks
         return True
 
     return int_quant
+
+
+def bind_map(fmt: FixedPoint | IntQuant, fault: _FaultBase,
+             fmap: FaultMap) -> Callable[[np.ndarray, np.ndarray], bool]:
+    """``bind`` for one map: its faults restricted to the bits ``fault`` may touch."""
+    masks = fmap.masks & np.uint32(fault.eligible_mask(fmt))
+    keep = masks != 0
+    return bind(fmt, fault, fmap.indices[keep].astype(np.int64), masks[keep].astype(np.int64),
+                fmap.shape)

@@ -513,6 +513,13 @@ def faulty_int_quant_f32(xs: Sequence[torch.Tensor], fmt: IntQuant, fault: _Faul
 
 # ---- the fused CPU kernels (Numba) ---------------------------------------------------------
 
+def compiled_for(x: torch.Tensor, fmt: object) -> bool:
+    """Whether the compiled CPU kernels (``_fused``) compute ``x`` in ``fmt``: float32 on the
+    CPU, Numba available, a format they support."""
+    return x.dtype == torch.float32 and x.device.type == "cpu" and _fused.available() and \
+        _fused.supports(fmt, x.ndim)
+
+
 def _storage_users(t: torch.Tensor) -> int:
     """How many tensors share ``t``'s memory (-1 where this PyTorch cannot tell)."""
     use_count = getattr(torch._C, "_storage_Use_Count", None)
@@ -595,9 +602,7 @@ def faulty_group(xs: Sequence[torch.Tensor], fmt, fault: _FaultBase, faults: Dev
         outs = faulty_group([x.to(torch.float32) for x in xs], fmt, fault, faults, strict,
                             buffers)
         return [o.to(torch.bfloat16) for o in outs]
-    if dtype == torch.float32 and xs[0].device.type == "cpu" and _fused.available() and (
-            not strict or not isinstance(fmt, IntQuant)) and all(
-            _fused.supports(fmt, x.ndim) for x in xs):
+    if (not strict or not isinstance(fmt, IntQuant)) and all(compiled_for(x, fmt) for x in xs):
         return _fused_group(xs, fmt, fault, faults, reuse_output)
     if dtype == torch.float32 and _fast_elementwise(fmt):
         if isinstance(fmt, FixedPoint):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 
 from bitfault.faults import _FaultBase
@@ -12,7 +11,12 @@ from bitfault.formats import Format, is_format
 from bitfault.inject import check_map_fits
 from bitfault.maps import FaultMap
 from bitfault.torch import _fused
-from bitfault.torch._kernels import DeviceFaults, check_float_dtype, faulty_group
+from bitfault.torch._kernels import (
+    DeviceFaults,
+    check_float_dtype,
+    compiled_for,
+    faulty_group,
+)
 
 
 def inject(x: torch.Tensor, fmt: Format, fault: Any, fmap: FaultMap) -> torch.Tensor:
@@ -32,14 +36,10 @@ def inject(x: torch.Tensor, fmt: Format, fault: Any, fmap: FaultMap) -> torch.Te
     if not isinstance(fault, _FaultBase):
         raise TypeError(f"fault must be BitFlip() or StuckAt(0|1), got {fault!r}")
     check_map_fits(fmap, tuple(x.shape), fmt)
-    if x.dtype == torch.float32 and x.device.type == "cpu" and _fused.available() \
-            and _fused.supports(fmt, x.ndim):  # the compiled pass, straight from the map
-        masks = fmap.masks & np.uint32(fault.eligible_mask(fmt))
-        keep = masks != 0
-        call = _fused.bind(fmt, fault, fmap.indices[keep].astype(np.int64),
-                           masks[keep].astype(np.int64), tuple(x.shape))
+    if compiled_for(x, fmt):  # the compiled pass, straight from the map
         out = torch.empty(tuple(x.shape), dtype=torch.float32)
-        if call(x.detach().reshape(-1).numpy(), out.view(-1).numpy()):
+        if _fused.bind_map(fmt, fault, fmap)(x.detach().reshape(-1).numpy(),
+                                              out.view(-1).numpy()):
             return out
         # an IntQuant tensor with NaN or inf: the PyTorch path raises the core's error
     faults = DeviceFaults.build([fmap], fault.eligible_mask(fmt), x.device)
