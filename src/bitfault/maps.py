@@ -98,10 +98,7 @@ def _rate_faults(n: int, width: int, rates: dict[int, float], seed: int, name: s
 
     One stream over the ``n * width`` cells, cell ``c`` being bit ``c % width`` of element
     ``c // width``: drawn up to the largest horizon, a hit counts if it comes before its
-    own position's horizon. Positions at rate 1 are every element. Sparse maps: sorting
-    the distinct faulty cells orders them by element, so OR-ing each run of bits gives
-    the masks. Dense ones (more hits than two per element): a flag per cell, packed eight
-    to a byte, is each element's mask. Both give the same bits.
+    own position's horizon. Positions at rate 1 are every element.
     """
     horizon = np.full(width, -np.inf)  # -inf: no faults at that position
     parts = []
@@ -111,20 +108,28 @@ def _rate_faults(n: int, width: int, rates: dict[int, float], seed: int, name: s
         elif n and p > 0.0:
             horizon[pos] = _horizon(p, n * width)
     drawn = horizon[np.isfinite(horizon)]
-    pow2 = width & (width - 1) == 0  # then shifts and masks split a cell
-    shift = width.bit_length() - 1
     if drawn.size:
         end = float(drawn.max())
         uneven = bool((drawn < end).any())
         cells, times = _hits(n * width, cell_stream(seed, name, step), end, with_times=uneven)
         if uneven or drawn.size < width:  # keep each hit before its own position's horizon
-            pos = cells & (width - 1) if pow2 else cells % width
+            pos = cells % width
             cells = cells[times < horizon[pos]] if uneven else cells[np.isfinite(horizon)[pos]]
         parts.append(cells)
     if not parts:
         return np.zeros(0, np.int64), np.zeros(0, np.uint32)
-    cells = np.concatenate(parts) if len(parts) > 1 else parts[0]
-    if cells.size > 2 * n and n * width <= _MAX_MARKS:  # dense: a flag per cell, packed
+    return _from_cells(n, width, np.concatenate(parts) if len(parts) > 1 else parts[0])
+
+
+def _from_cells(n: int, width: int, cells: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted element indices and OR-ed masks of faulty cells (repeats allowed), cell ``c``
+    being bit ``c % width`` of element ``c // width``.
+
+    Sparse: sorting the distinct cells orders them by element, so OR-ing each run of bits
+    gives the masks. Dense (more cells than two per element): a flag per cell, packed
+    eight to a byte, is each element's mask. Both give the same bits.
+    """
+    if cells.size > 2 * n and n * width <= _MAX_MARKS:
         row = -(-width // 8) * 8  # an element's bits, rounded up to whole bytes
         marks = np.zeros(n * row, dtype=bool)
         marks[cells if row == width else (cells // width) * row + cells % width] = True
@@ -138,7 +143,8 @@ def _rate_faults(n: int, width: int, rates: dict[int, float], seed: int, name: s
     if not cells.size:
         return np.zeros(0, np.int64), np.zeros(0, np.uint32)
     cells = cells[np.concatenate(([True], cells[1:] != cells[:-1]))]
-    elems = cells >> shift if pow2 else cells // width
+    pow2 = width & (width - 1) == 0  # then shifts and masks split a cell
+    elems = cells >> (width.bit_length() - 1) if pow2 else cells // width
     bits = _BIT[cells & (width - 1) if pow2 else cells % width]
     starts = np.flatnonzero(np.concatenate(([True], elems[1:] != elems[:-1])))
     return elems[starts].astype(np.int64), np.bitwise_or.reduceat(bits, starts)
@@ -187,12 +193,6 @@ def _hits(n: int, rng: np.random.Generator, horizon: float,
         times.append(t[:cut])
         break
     return np.concatenate(elements), np.concatenate(times) if with_times else None
-
-
-def _sorted_unique(e: np.ndarray) -> np.ndarray:
-    """Distinct values, sorted (np.unique is far slower on large int arrays in NumPy 2.x)."""
-    s = np.sort(e)
-    return s[np.concatenate(([True], s[1:] != s[:-1]))] if s.size else s
 
 
 def _first_hits(e: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -252,42 +252,6 @@ def _shape_tuple(shape: Any) -> tuple[int, ...]:
     if any(d < 0 for d in dims):
         raise ValueError(f"shape must be a tuple of non-negative ints, got {shape!r}")
     return dims
-
-
-def _assemble(n: int, per_position: dict[int, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """Combine per-position hit lists (repeats allowed) into sorted indices and OR-ed masks.
-
-    The result depends only on the sets; the strategy (sorting, scattering into a
-    dense accumulator, or marking a bool array) is chosen by size, for speed.
-    """
-    marked = {p: e for p, e in per_position.items() if e.size > n // 32}
-    sparse = {p: _sorted_unique(e) for p, e in per_position.items() if 0 < e.size <= n // 32}
-    total = sum(e.size for e in sparse.values())
-    if marked or total > n // 8:
-        # One uint8 plane per byte of the mask: marking a bool array per position and
-        # OR-ing it into its plane moves a quarter of the memory a uint32 pass would.
-        planes = np.zeros((4, n), dtype=np.uint8)
-        if marked:
-            mark = np.empty(n, dtype=bool)
-            shifted = np.empty(n, dtype=np.uint8)
-            for pos, elems in marked.items():
-                mark[:] = False
-                mark[elems] = True
-                np.left_shift(mark.view(np.uint8), pos % 8, out=shifted)
-                planes[pos // 8] |= shifted
-        acc = np.ascontiguousarray(planes.T).view("<u4").reshape(n)
-        for pos, elems in sparse.items():
-            acc[elems] |= np.uint32(1 << pos)  # distinct elements: no lost updates
-        idx = np.flatnonzero(acc)
-        return idx, acc[idx]
-    if not sparse:
-        return np.zeros(0, np.int64), np.zeros(0, np.uint32)
-    elems = np.concatenate(list(sparse.values()))
-    bits = np.concatenate([np.full(e.size, 1 << pos, np.uint32) for pos, e in sparse.items()])
-    order = np.argsort(elems, kind="stable")
-    elems, bits = elems[order], bits[order]
-    starts = np.flatnonzero(np.r_[True, elems[1:] != elems[:-1]])
-    return elems[starts].astype(np.int64), np.bitwise_or.reduceat(bits, starts)
 
 
 @dataclass(frozen=True, eq=False)
@@ -401,13 +365,13 @@ class FaultMap:
                 rates.get(p, 0.0) for p in range(fmt.bits)]
             idx, masks = _rate_faults(n, fmt.bits, rates, seed, name, step)
         else:
-            idx, masks = cls._exact_count(n, positions, count, seed, name, step)
+            idx, masks = cls._exact_count(n, fmt.bits, positions, count, seed, name, step)
             meta["count"] = int(count)  # type: ignore[arg-type]
         return cls(dims, idx, masks, name, meta)
 
     @staticmethod
-    def _exact_count(n: int, positions: tuple[int, ...], count: Any, seed: int, name: str,
-                     step: int | None) -> tuple[np.ndarray, np.ndarray]:
+    def _exact_count(n: int, width: int, positions: tuple[int, ...], count: Any, seed: int,
+                     name: str, step: int | None) -> tuple[np.ndarray, np.ndarray]:
         eligible = n * len(positions)
         if isinstance(count, bool) or not isinstance(count, (int, np.integer)):
             raise TypeError(f"count must be an integer in 0..{eligible}, got {count!r}")
@@ -417,8 +381,8 @@ class FaultMap:
         if count == 0:
             return np.zeros(0, np.int64), np.zeros(0, np.uint32)
         if count == eligible:
-            per_position = {pos: np.arange(n, dtype=np.int64) for pos in positions}
-            return _assemble(n, per_position)
+            cells = np.arange(n, dtype=np.int64)[:, None] * width + np.array(positions)
+            return _from_cells(n, width, cells.reshape(-1))
         # Take the `count` bits with the earliest first hit, widening the horizon until
         # enough distinct bits have been hit; the streams replay identically each time.
         horizon = _horizon(min(0.5, 2.0 * count / eligible), n)
@@ -436,8 +400,7 @@ class FaultMap:
             horizon *= 2.0  # finite: every bit is hit eventually
         keep = np.argsort(all_t, kind="stable")[:count]
         all_e, all_p = np.concatenate(elems)[keep], np.concatenate(pos_of)[keep]
-        per_position = {pos: all_e[all_p == pos] for pos in positions}
-        return _assemble(n, per_position)
+        return _from_cells(n, width, all_e.astype(np.int64) * width + all_p)
 
     # ---- views --------------------------------------------------------------------------
 

@@ -234,7 +234,6 @@ class TorchEvaluator:
             tensors = dict(replica.named_parameters())
             tensors.update(replica.named_buffers())
             self._replica = (replica, tensors)
-            self._loaded = {}
         return self._replica[1]
 
     def _forward(self, params: Mapping[str, Any]) -> np.ndarray:
