@@ -82,6 +82,8 @@ class _FaultBase:
         return resolve_bits(self.bits, fmt)
 
     def eligible_mask(self, fmt: Format) -> int:
+        if self.bits is None:  # every bit of the word
+            return (1 << fmt.bits) - 1
         return positions_to_mask(self.eligible_bits(fmt))
 
     def apply(self, words: np.ndarray, masks: np.ndarray) -> np.ndarray:

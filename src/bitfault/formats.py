@@ -12,7 +12,7 @@ are mapped explicitly first, by each format's documented policy.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 import numpy as np
@@ -174,7 +174,7 @@ class _FormatBase:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready description; ``format_from_dict`` rebuilds it."""
-        return {"kind": self.kind, **asdict(self)}
+        return {"kind": self.kind, **{f.name: getattr(self, f.name) for f in fields(self)}}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Format:

@@ -102,11 +102,15 @@ def _rate_faults(n: int, width: int, rates: dict[int, float], seed: int, name: s
     """
     horizon = np.full(width, -np.inf)  # -inf: no faults at that position
     parts = []
-    for pos, p in rates.items():
-        if n and p >= 1.0:
-            parts.append(np.arange(n, dtype=np.int64) * width + pos)
-        elif n and p > 0.0:
-            horizon[pos] = _horizon(p, n * width)
+    uniform = set(rates.values())
+    if n and len(uniform) == 1 and 0.0 < (p := uniform.pop()) < 1.0:  # most maps: one rate
+        horizon[list(rates)] = _horizon(p, n * width)
+    else:
+        for pos, p in rates.items():
+            if n and p >= 1.0:
+                parts.append(np.arange(n, dtype=np.int64) * width + pos)
+            elif n and p > 0.0:
+                horizon[pos] = _horizon(p, n * width)
     drawn = horizon[np.isfinite(horizon)]
     if drawn.size:
         end = float(drawn.max())
@@ -139,10 +143,9 @@ def _from_cells(n: int, width: int, cells: np.ndarray) -> tuple[np.ndarray, np.n
         acc = packed.view("<u4").reshape(n)
         idx = np.flatnonzero(acc)
         return idx, acc[idx].astype(np.uint32)
-    cells = np.sort(cells)
     if not cells.size:
         return np.zeros(0, np.int64), np.zeros(0, np.uint32)
-    cells = cells[np.concatenate(([True], cells[1:] != cells[:-1]))]
+    cells = np.sort(cells)  # repeats need no removal: OR-ing a bit twice sets it once
     pow2 = width & (width - 1) == 0  # then shifts and masks split a cell
     elems = cells >> (width.bit_length() - 1) if pow2 else cells // width
     bits = _BIT[cells & (width - 1) if pow2 else cells % width]
@@ -175,24 +178,40 @@ def _hits(n: int, rng: np.random.Generator, horizon: float,
     index_dtype = np.uint32 if n <= 1 << 32 else np.int64
     while True:
         chunk = rng.standard_exponential(size)
-        e = rng.integers(0, n, size, dtype=index_dtype)
         end = carry + float(chunk.sum())
         if end < horizon:  # the whole chunk lies before the horizon
-            elements.append(e)
+            elements.append(rng.integers(0, n, size, dtype=index_dtype))
             if with_times:
                 times.append(np.cumsum(chunk) + carry)
             carry, size = end, min(size * 2, _MAX_CHUNK)
             continue
-        t = np.cumsum(chunk)
-        if carry:
-            t += carry
+        t = _times_past(chunk, carry, horizon)
         cut = int(np.searchsorted(t, horizon, side="left"))
+        # the chunk's first `cut` elements: the same draws as the first `cut` of `size`
+        e = rng.integers(0, n, cut, dtype=index_dtype)
         if not elements:  # the common case: one chunk was enough
-            return e[:cut], t[:cut] if with_times else None
-        elements.append(e[:cut])
+            return e, t[:cut] if with_times else None
+        elements.append(e)
         times.append(t[:cut])
         break
     return np.concatenate(elements), np.concatenate(times) if with_times else None
+
+
+def _times_past(gaps: np.ndarray, carry: float, horizon: float) -> np.ndarray:
+    """A prefix of ``cumsum(gaps) + carry`` reaching ``horizon`` (the same sums, added in
+    the same order, as over all ``gaps``), for a chunk whose end lies past ``horizon``:
+    the hits wanted are often a small part of the last chunk."""
+    need = horizon - carry  # about as many gaps as that: they average 1
+    k = min(gaps.size, int(need + 4.0 * math.sqrt(need) + 32.0))
+    sums = np.cumsum(gaps[:k])
+    while k < gaps.size and sums[-1] + carry < horizon:  # rarely: carry on summing
+        more = gaps[k:2 * k].copy()
+        more[0] += sums[-1]  # continues the running sum exactly
+        sums = np.concatenate([sums, np.cumsum(more)])
+        k = sums.size
+    if carry:
+        sums += carry
+    return sums
 
 
 def _first_hits(e: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -294,6 +313,19 @@ class FaultMap:
     # ---- constructors -------------------------------------------------------------------
 
     @classmethod
+    def _checked(cls, shape: tuple[int, ...], indices: np.ndarray, masks: np.ndarray,
+                 name: str, meta: dict[str, Any]) -> FaultMap:
+        """A map from arrays this module built: sorted distinct int64 ``indices`` in range
+        and uint32 ``masks`` (validating them again costs more than drawing a small map)."""
+        fmap = object.__new__(cls)
+        indices.flags.writeable = False
+        masks.flags.writeable = False
+        for key, value in (("shape", shape), ("indices", indices), ("masks", masks),
+                           ("name", name), ("meta", meta)):
+            object.__setattr__(fmap, key, value)
+        return fmap
+
+    @classmethod
     def empty(cls, shape: Any, name: str = "") -> FaultMap:
         """A map with no fault: the tensor is stored in its format and read back as stored."""
         return cls(shape, np.zeros(0, np.int64), np.zeros(0, np.uint32), name, {"source": "none"})
@@ -367,7 +399,7 @@ class FaultMap:
         else:
             idx, masks = cls._exact_count(n, fmt.bits, positions, count, seed, name, step)
             meta["count"] = int(count)  # type: ignore[arg-type]
-        return cls(dims, idx, masks, name, meta)
+        return cls._checked(dims, idx, masks.astype(np.uint32, copy=False), name, meta)
 
     @staticmethod
     def _exact_count(n: int, width: int, positions: tuple[int, ...], count: Any, seed: int,

@@ -122,6 +122,7 @@ class TorchEvaluator:
         self.names = list(dict.fromkeys(names))
         self._clean = {n: tensors[n].detach() for n in self.names}
         self._owner = {n: n.rpartition(".") for n in self.names}  # name -> (module, ".", attr)
+        self._keys: dict[int, tuple[FaultSpec, tuple[str, str]]] = {}
         self._stored_cache: dict[tuple[str, str], dict[str, Any]] = {}
         self._golden: dict[tuple[str, str], np.ndarray] = {}
         self._graph: _Graph | bool | None = None  # None: not traced yet; False: untraceable
@@ -176,7 +177,7 @@ class TorchEvaluator:
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(_stored_cache={}, _golden={}, _graph=None)
+        state.update(_keys={}, _stored_cache={}, _golden={}, _graph=None)
         return state
 
     # ---- shared pieces ---------------------------------------------------------------------
@@ -190,12 +191,22 @@ class TorchEvaluator:
         """Every target tensor stored in the format, no fault (cached per format and fault)."""
         from bitfault.torch import inject
 
-        key = (repr(spec.format), repr(spec.fault))
+        key = self._key(spec)
         if key not in self._stored_cache:
             self._stored_cache[key] = {
                 n: inject(t, spec.format, spec.fault, FaultMap.empty(tuple(t.shape), n))
                 for n, t in self._clean.items()}
         return self._stored_cache[key]
+
+    def _key(self, spec: FaultSpec) -> tuple[str, str]:
+        """The caches' key for a spec's format and fault model (their reprs: ``==`` would
+        equate ``per_channel=True`` and ``per_channel=1``); remembered per spec object."""
+        hit = self._keys.get(id(spec))
+        if hit is None or hit[0] is not spec:
+            if len(self._keys) > 64:
+                self._keys.clear()
+            hit = self._keys[id(spec)] = (spec, (repr(spec.format), repr(spec.fault)))
+        return hit[1]
 
     def faulty(self, name: str, fmap: FaultMap, spec: FaultSpec) -> Any:
         """``bitfault.torch.inject`` of the tensor (the compiled one-pass kernel where it
@@ -278,7 +289,7 @@ class TorchEvaluator:
 
     def golden(self, spec: FaultSpec) -> np.ndarray:
         """Predictions with every target stored in the format and no fault (computed once)."""
-        key = (repr(spec.format), repr(spec.fault))
+        key = self._key(spec)
         if key not in self._golden:
             self._golden[key] = self._forward(self.stored(spec))
         return self._golden[key].copy()
@@ -350,7 +361,7 @@ class TorchEvaluator:
         g = self.graph()
         if g is None:
             return None
-        key = repr((spec.format, spec.fault))
+        key = self._key(spec)
         if key not in g.clean:
             envs = []
             with torch.no_grad():

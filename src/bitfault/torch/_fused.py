@@ -226,7 +226,10 @@ def bind(fmt: FixedPoint | IntQuant, fault: _FaultBase, index: np.ndarray, masks
 def bind_map(fmt: FixedPoint | IntQuant, fault: _FaultBase,
              fmap: FaultMap) -> Callable[[np.ndarray, np.ndarray], bool]:
     """``bind`` for one map: its faults restricted to the bits ``fault`` may touch."""
-    masks = fmap.masks & np.uint32(fault.eligible_mask(fmt))
-    keep = masks != 0
-    return bind(fmt, fault, fmap.indices[keep].astype(np.int64), masks[keep].astype(np.int64),
-                fmap.shape)
+    eligible = fault.eligible_mask(fmt)
+    index, masks = fmap.indices, fmap.masks
+    if eligible != fmt.word_mask:  # else nothing to drop: kernels ignore bits beyond the word
+        masks = masks & np.uint32(eligible)
+        index, masks = index[masks != 0], masks[masks != 0]
+    # writable copies: Numba compiles read-only arrays separately
+    return bind(fmt, fault, index.astype(np.int64), masks.astype(np.int64), fmap.shape)
