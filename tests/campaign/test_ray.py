@@ -71,3 +71,17 @@ def test_ray_matches_local_and_survives_a_dead_worker(
     survived = run(dying, TRIALS, SPEC, tmp_path / "dying.db", batch=3, executor="ray")
     assert os.path.exists(tmp_path / "died")  # a worker really died mid-task
     assert _metrics(survived) == _metrics(local)
+
+
+def test_ray_campaign_stops_early_and_cancels_the_rest(
+        cluster: None, mlp_params: dict[str, np.ndarray], tmp_path: Path) -> None:
+    from bitfault.campaign import StopWhenPrecise, sampled_single_faults
+
+    ev = _evaluator(mlp_params)
+    trials = sampled_single_faults(ev.tensor_shapes(), SPEC.format, size=400, seed=2)
+    stop = StopWhenPrecise(margin=0.1, min_trials=40)
+    result = run(ev, trials, SPEC, tmp_path / "stop.db", batch=8, executor="ray", stop=stop)
+    assert result.stopping["reached"] and result.ran < len(trials)
+    assert len(result.records) == result.ran  # nothing after the stop reached the store
+    lo, hi = result.stopping["interval"]
+    assert (hi - lo) / 2 <= 0.1

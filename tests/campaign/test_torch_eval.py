@@ -22,6 +22,7 @@ from bitfault.campaign import (  # noqa: E402
     layer_sweep,
     rate_sweep,
     run,
+    sampled_single_faults,
     single_faults,
     trial_maps,
 )
@@ -157,6 +158,9 @@ def test_single_fault_shortcut_on_conv_and_linear_layers(cnn, data) -> None:
 def test_single_fault_campaign_through_run(mlp, data, tmp_path: Path) -> None:
     trials = single_faults([("fc1.weight", e, b) for e in (0, 407, 12000) for b in (0, 27, 31)])
     check_campaign(mlp, data, trials, FIXED, tmp_path / "s.db")
+    shapes = TorchEvaluator(mlp, *data).tensor_shapes()
+    sampled = sampled_single_faults(shapes, FIXED.format, size=24, seed=4)  # every tensor
+    check_campaign(mlp, data, sampled, FIXED, tmp_path / "sampled.db")
 
 
 class Branchy(torch.nn.Module):

@@ -4,7 +4,15 @@ Framework-free; the PyTorch and Keras adapters supply evaluators that run many
 fault maps per forward pass.
 """
 
-from bitfault.campaign.grid import Trial, bit_sweep, layer_sweep, rate_sweep, single_faults
+from bitfault.campaign.grid import (
+    Trial,
+    bit_sweep,
+    exhaustive_single_faults,
+    layer_sweep,
+    rate_sweep,
+    sampled_single_faults,
+    single_faults,
+)
 from bitfault.campaign.runner import (
     CampaignResult,
     NumpyEvaluator,
@@ -12,19 +20,23 @@ from bitfault.campaign.runner import (
     run,
     trial_maps,
 )
+from bitfault.campaign.stopping import StopWhenPrecise
 from bitfault.campaign.store import CampaignStore, StoreError
 
 __all__ = [
     "CampaignResult",
     "CampaignStore",
     "NumpyEvaluator",
+    "StopWhenPrecise",
     "StoreError",
     "Trial",
     "accuracy_metrics",
     "bit_sweep",
+    "exhaustive_single_faults",
     "layer_sweep",
     "rate_sweep",
     "run",
+    "sampled_single_faults",
     "single_faults",
     "trial_maps",
 ]

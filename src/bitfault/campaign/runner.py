@@ -23,6 +23,7 @@ import numpy as np
 
 import bitfault
 from bitfault.campaign.grid import Trial
+from bitfault.campaign.stopping import StopWhenPrecise
 from bitfault.campaign.store import CampaignStore, TrialRecord
 from bitfault.inject import inject
 from bitfault.maps import FaultMap
@@ -172,6 +173,7 @@ class CampaignResult:
     ran: int = 0
     skipped: int = 0
     clean: dict[str, float] = field(default_factory=dict)
+    stopping: dict[str, Any] | None = None  # with run(stop=...): the estimate it stopped on
 
     def to_dataframe(self) -> Any:
         import pandas as pd
@@ -196,6 +198,7 @@ class CampaignResult:
 
     def to_json(self) -> str:
         return json.dumps({"clean": self.clean, "ran": self.ran, "skipped": self.skipped,
+                           "stopping": self.stopping,
                            "trials": [r.flat() for r in self.records]}, sort_keys=True)
 
 
@@ -241,6 +244,8 @@ def _run_ray(evaluator: Evaluator, chunks: list[list[Trial]], spec: FaultSpec,
             for ref in ready:
                 yield pending.pop(ref), ray.get(ref)
     finally:
+        for ref in pending:  # the campaign stopped early: what is left is not wanted
+            ray.cancel(ref)
         if started_here:
             ray.shutdown()
 
@@ -257,7 +262,8 @@ def run(
     executor: str = "local",
     ray_address: str | None = None,
     workers: int | None = None,
-    progress: Callable[[int, int], None] | None = None,
+    progress: bool | Callable[[int, int], None] | None = None,
+    stop: StopWhenPrecise | None = None,
 ) -> CampaignResult:
     """Evaluate every trial not yet in ``store``; commit each as soon as it is known.
 
@@ -265,7 +271,10 @@ def run(
     trial). ``batch`` trials are handed to the evaluator per call, so it can run
     several fault maps per forward pass. ``executor="ray"`` shards batches into Ray
     tasks (``ray_address`` for an existing cluster, else a local one with
-    ``workers`` CPUs). Re-running with the same store resumes.
+    ``workers`` CPUs). Re-running with the same store resumes. ``progress``: True
+    for a tqdm bar on stderr (trials done, rate, ETA), or ``fn(done, total)``;
+    None/False is quiet. ``stop``: end early once the failure share is precise
+    enough (``StopWhenPrecise``; trials in random order, e.g. ``sampled_single_faults``).
     """
     if not trials:
         raise ValueError("trials must not be empty (build them with rate_sweep, layer_sweep, "
@@ -274,6 +283,11 @@ def run(
         raise ValueError(f"batch must be a positive integer, got {batch!r}")
     if executor not in ("local", "ray"):
         raise ValueError(f"executor must be 'local' or 'ray', got {executor!r}")
+    if stop is not None and not isinstance(stop, StopWhenPrecise):
+        raise TypeError(f"stop must be None or a StopWhenPrecise, got {stop!r}")
+    if not (progress is None or isinstance(progress, bool) or callable(progress)):
+        raise TypeError(f"progress must be True, False, None or fn(done, total), got "
+                        f"{progress!r}")
     keys = [t.key for t in trials]
     if len(set(keys)) != len(keys):
         raise ValueError("trials contain duplicates (the same key twice)")
@@ -289,41 +303,78 @@ def run(
     golden = {n: FaultMap.empty(shape, n) for n, shape in shapes.items()}
     clean = evaluator.predict([golden], spec)[0]
     clean_metrics = _call_metric(metric, labels, clean, clean, "clean run")
+    if stop is not None:
+        stop.check(clean_metrics)
     spec_json = spec.to_json(sort_keys=True)
     version_json = json.dumps(versions(), sort_keys=True)
     worker = f"{platform.node()}:{os.getpid()}"
+    wanted = set(keys)
     with CampaignStore(store, digest, description, append=append) as db:
         done = db.done_keys()
-        todo = [t for t in trials if t.key not in done]
+        failures = tried = 0
+        if stop is not None:  # what earlier runs of this campaign found counts too
+            for r in db.records():
+                if r.trial_key in wanted:
+                    tried += 1
+                    failures += stop.failed(r.metrics, clean_metrics)
+        estimate = stop.estimate(failures, tried) if stop is not None else None
+        todo = [] if estimate and estimate["reached"] else [t for t in trials
+                                                             if t.key not in done]
         chunks = [todo[i:i + batch] for i in range(0, len(todo), batch)]
         if executor == "ray" and chunks:
             results = _run_ray(evaluator, chunks, spec, shapes, ray_address, workers)
         else:
             results = _run_local(evaluator, chunks, spec, shapes)
+        bar, report = _progress(progress, len(todo))
         finished = 0
         began = time.time()
-        for chunk, outputs in results:
-            # the trials of one evaluator call finish together (one forward pass): score
-            # them, then commit them in one transaction, so a crash keeps all or none
-            done_at, rows = time.time(), []
-            for trial, (map_digest, pred) in zip(chunk, outputs, strict=True):
-                values = _call_metric(metric, labels, clean, pred, trial.key)
-                rows.append({"trial_key": trial.key, "kind": trial.kind, "ber": trial.ber,
-                             "chip": trial.chip, "seed": trial.seed, "target": trial.target,
-                             "bit": trial.bit, "element": trial.element,
-                             "map_digest": map_digest, "model_digest": model_digest,
-                             "data_digest": data_digest, "spec": spec_json,
-                             "versions": version_json, "metrics": values, "started": began,
-                             "finished": done_at, "worker": worker})
-            db.add_many(rows)
-            finished += len(rows)
-            if progress is not None:
-                progress(finished, len(todo))
-            began = time.time()
-        wanted = set(keys)
+        try:
+            for chunk, outputs in results:
+                # the trials of one evaluator call finish together (one forward pass): score
+                # them, then commit them in one transaction, so a crash keeps all or none
+                done_at, rows = time.time(), []
+                for trial, (map_digest, pred) in zip(chunk, outputs, strict=True):
+                    values = _call_metric(metric, labels, clean, pred, trial.key)
+                    rows.append({"trial_key": trial.key, "kind": trial.kind, "ber": trial.ber,
+                                 "chip": trial.chip, "seed": trial.seed, "target": trial.target,
+                                 "bit": trial.bit, "element": trial.element,
+                                 "map_digest": map_digest, "model_digest": model_digest,
+                                 "data_digest": data_digest, "spec": spec_json,
+                                 "versions": version_json, "metrics": values, "started": began,
+                                 "finished": done_at, "worker": worker})
+                db.add_many(rows)
+                finished += len(rows)
+                if report is not None:
+                    report(finished, len(todo))
+                if stop is not None:
+                    failures += sum(stop.failed(r["metrics"], clean_metrics) for r in rows)
+                    estimate = stop.estimate(failures, tried + finished)
+                    if estimate["reached"]:
+                        break
+                began = time.time()
+        finally:
+            results.close()  # a Ray executor cancels the tasks left
+            if bar is not None:
+                bar.close()
         records = [r for r in db.records() if r.trial_key in wanted]
-    return CampaignResult(records, ran=len(todo), skipped=len(trials) - len(todo),
-                          clean=clean_metrics)
+    return CampaignResult(records, ran=finished, skipped=len(wanted & done), clean=clean_metrics,
+                          stopping=estimate)
+
+
+def _progress(progress: bool | Callable[[int, int], None] | None,
+              total: int) -> tuple[Any, Callable[[int, int], None] | None]:
+    """(a tqdm bar to close, or None; the callback ``run`` reports to, or None)."""
+    if progress is None or progress is False:
+        return None, None
+    if progress is not True:
+        return None, progress
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        raise ImportError("progress=True needs tqdm: pip install tqdm (or 'bitfault[cli]')") \
+            from None
+    bar = tqdm(total=total, desc="campaign", unit="trial")
+    return bar, lambda done, _: bar.update(done - bar.n)
 
 
 def _call_metric(metric: Metric, labels: np.ndarray, clean: np.ndarray, faulty: np.ndarray,
