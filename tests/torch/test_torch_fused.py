@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import bitfault as bf  # noqa: E402
-from bitfault import _fused  # noqa: E402
+from bitfault.torch import _fused  # noqa: E402
 from bitfault.torch._kernels import DeviceFaults, faulty_group  # noqa: E402
 
 needs_numba = pytest.mark.skipif(not _fused.available(), reason="Numba is not installed")

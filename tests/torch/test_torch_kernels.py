@@ -8,8 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import bitfault as bf  # noqa: E402
-from bitfault import _fused  # noqa: E402
-from bitfault.torch import _kernels, inject  # noqa: E402
+from bitfault.torch import _fused, _kernels, inject  # noqa: E402
 from bitfault.torch._kernels import DeviceFaults, faulty_group  # noqa: E402
 
 

@@ -276,7 +276,7 @@ class TorchEvaluator:
         in an IntQuant tensor), and the replica is then untouched or to be overwritten."""
         import torch
 
-        from bitfault import _fused
+        from bitfault.torch import _fused
         from bitfault.torch._kernels import compiled_for
 
         clean, dst = self._clean[name], self._replica_tensors()[name]

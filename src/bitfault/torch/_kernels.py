@@ -28,7 +28,7 @@ import torch
 from bitfault.faults import BitFlip, StuckAt, _FaultBase
 from bitfault.formats import FixedPoint, Float, IntQuant
 from bitfault.maps import FaultMap
-from bitfault import _fused
+from bitfault.torch import _fused
 from bitfault.torch._convert import f16_to, f32_to, f64_to, to_f16, to_f32
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)

@@ -10,7 +10,7 @@ from bitfault.faults import _FaultBase
 from bitfault.formats import Format, is_format
 from bitfault.inject import check_map_fits
 from bitfault.maps import FaultMap
-from bitfault import _fused
+from bitfault.torch import _fused
 from bitfault.torch._kernels import (
     DeviceFaults,
     check_float_dtype,

@@ -1,19 +1,18 @@
-"""One-pass encode -> fault -> decode of float32 arrays on the CPU, compiled with Numba.
+"""One-pass encode -> fault -> decode for float32 tensors on the CPU, compiled with Numba.
 
-Framework-free (NumPy arrays in, NumPy arrays out), used by both adapters on
-float32 CPU tensors. Eager PyTorch or TensorFlow ops run the transform as three
-to ten separate passes over the weights (round, check, decode; IntQuant in
-float64 adds conversions); a fault-aware MLP step at batch 100 spends as long on
-those passes as on its matmuls. These kernels do the same arithmetic, in the same
+Eager PyTorch runs the float32 fast paths of ``_kernels`` as three to six
+separate passes over the weights (round, check, decode; IntQuant in float64
+adds conversions). A fault-aware MLP step at batch 100 spends as long on those
+passes as on its matmuls. These kernels do the same arithmetic, in the same
 precision and order, element by element in one loop: each weight is read once
 and its decoded value written once; then the few faulty elements are encoded
 again from the clean input, faulted as words and decoded over it.
 
-Bit for bit what ``bitfault.inject`` computes; the test suites run the adapters
-both with and without them. Numba is optional (the ``torch`` and ``keras``
-extras install it): without it, or with ``BITFAULT_NUMBA=0`` in the environment,
-the adapters' own tensor ops run. The first call compiles a kernel (about a
-second), cached on disk where Numba can write.
+Bit for bit what ``faulty_group``'s PyTorch paths (and so ``bitfault.inject``)
+compute; the test suite runs both. Numba is optional (the ``torch`` extra
+installs it): without it, or with ``BITFAULT_NUMBA=0`` in the environment, the
+PyTorch paths run. The first call compiles a kernel (about a second), cached on
+disk where Numba can write.
 """
 
 from __future__ import annotations
