@@ -58,3 +58,25 @@ def test_bad_input(trained) -> None:
         KerasEvaluator(model, x, y, targets=lambda layer, path: False)
     ev = KerasEvaluator(model, x, y, targets=["fc1.weight"])
     assert list(ev.tensor_shapes()) == ["fc1.weight"]
+
+
+def test_reused_and_pickled_evaluator_gives_the_same_predictions(trained) -> None:
+    """Cached stored kernels, variables written only when they change, the traced forward
+    pass, a different format in between, and a pickled copy (as Ray ships it)."""
+    import pickle
+
+    model, x, y = trained
+    ev = KerasEvaluator(model, x, y)
+    shapes = ev.tensor_shapes()
+    fixed = bf.FaultSpec(format=bf.FixedPoint(32, 28), ber=1e-2)
+    int8 = bf.FaultSpec(format=bf.IntQuant(8), ber=1e-2)
+    trials = rate_sweep([1e-2], 2) + layer_sweep([1e-2], 1, ["fc3.weight"])
+    maps = [trial_maps(t, fixed, shapes) for t in trials]
+    first = ev.predict(maps, fixed)
+    ev.predict([trial_maps(trials[0], int8, shapes)], int8)
+    again = ev.predict(maps[::-1], fixed)[::-1]
+    copy = pickle.loads(pickle.dumps(ev))
+    shipped = copy.predict(maps, fixed)
+    fresh = [KerasEvaluator(model, x, y).predict([m], fixed)[0] for m in maps]
+    for a, b, c, d in zip(first, again, shipped, fresh, strict=True):
+        assert np.array_equal(a, b) and np.array_equal(a, c) and np.array_equal(a, d)
