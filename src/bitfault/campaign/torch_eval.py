@@ -123,6 +123,7 @@ class TorchEvaluator:
         self._clean = {n: tensors[n].detach() for n in self.names}
         self._owner = {n: n.rpartition(".") for n in self.names}  # name -> (module, ".", attr)
         self._keys: dict[int, tuple[FaultSpec, tuple[str, str]]] = {}
+        self._views: dict[tuple[str, tuple[str, str]], tuple[np.ndarray, ...]] = {}
         self._stored_cache: dict[tuple[str, str], dict[str, Any]] = {}
         self._golden: dict[tuple[str, str], np.ndarray] = {}
         self._graph: _Graph | bool | None = None  # None: not traced yet; False: untraceable
@@ -177,7 +178,7 @@ class TorchEvaluator:
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(_keys={}, _stored_cache={}, _golden={}, _graph=None)
+        state.update(_keys={}, _views={}, _stored_cache={}, _golden={}, _graph=None)
         return state
 
     # ---- shared pieces ---------------------------------------------------------------------
@@ -274,18 +275,20 @@ class TorchEvaluator:
         """Write the faulty tensor straight into the replica with the compiled kernel; False
         where that does not apply (another device or dtype, a format it lacks, NaN or inf
         in an IntQuant tensor), and the replica is then untouched or to be overwritten."""
-        import torch
-
         from bitfault.torch import _fused
         from bitfault.torch._kernels import compiled_for
 
-        clean, dst = self._clean[name], self._replica_tensors()[name]
-        if not (compiled_for(clean, spec.format) and dst.is_contiguous()):
+        key = (name, self._key(spec))
+        views = self._views.get(key)
+        if views is None:  # flat NumPy views of the clean tensor and the replica's, kept
+            clean, dst = self._clean[name], self._replica_tensors()[name]
+            views = (clean.reshape(-1).numpy(), dst.detach().view(-1).numpy()) if (
+                compiled_for(clean, spec.format) and dst.is_contiguous()) else ()
+            self._views[key] = views
+        if not views:
             return False
-        call = _fused.bind_map(spec.format, spec.fault, fmap)
         self._loaded[name] = None
-        with torch.no_grad():
-            return call(clean.reshape(-1).numpy(), dst.view(-1).numpy())
+        return _fused.bind_map(spec.format, spec.fault, fmap)(*views)
 
     def golden(self, spec: FaultSpec) -> np.ndarray:
         """Predictions with every target stored in the format and no fault (computed once)."""
