@@ -131,3 +131,39 @@ def test_progress_true_draws_a_bar(evaluator: NumpyEvaluator, tmp_path: Path, ca
     assert "campaign" in err and "20/20" in err
     with pytest.raises(TypeError, match="progress must be"):
         run(evaluator, trials, SPEC, tmp_path / "p.db", progress="yes")
+
+
+def test_bit_sweep_by_field_name(evaluator: NumpyEvaluator, tmp_path: Path) -> None:
+    """A field ("sign": the MSB of IntQuant's signed codes) is a bit sweep like a position."""
+    from bitfault.campaign import bit_sweep
+
+    by_name = run(evaluator, bit_sweep([5e-2], 2, ["sign"]), SPEC, tmp_path / "n.db")
+    by_pos = run(evaluator, bit_sweep([5e-2], 2, [7]), SPEC, tmp_path / "p.db")
+    assert [r.bit for r in by_name.records] == ["sign", "sign"]
+    assert [r.metrics for r in by_name.records] == [r.metrics for r in by_pos.records]
+    assert [r.map_digest for r in by_name.records] == [r.map_digest for r in by_pos.records]
+    with pytest.raises(TypeError, match="bit position .* or a field name"):
+        bit_sweep([1e-2], 1, [True])
+    with pytest.raises(ValueError, match="at least one"):
+        bit_sweep([1e-2], 1, "sign")
+
+
+@pytest.mark.parametrize("trial, match", [
+    ("bit", "unknown bit field 'mantissa'"),
+    ("bit_range", "outside 0..7"),
+    ("single_bit", "bit must be in 0..7"),
+    ("single_element", "element must be in 0..9"),
+])
+def test_trials_are_checked_against_format_and_shapes_first(
+        evaluator: NumpyEvaluator, tmp_path: Path, trial, match) -> None:
+    from bitfault.campaign import Trial, bit_sweep, single_faults
+
+    trials = {"bit": bit_sweep([1e-2], 1, ["mantissa"]),
+              "bit_range": bit_sweep([1e-2], 1, [9]),
+              "single_bit": single_faults([("fc2.bias", 0, 8)]),
+              "single_element": single_faults([("fc2.bias", 10, 0)])}[trial]
+    with pytest.raises(ValueError, match=match):
+        run(evaluator, trials, SPEC, tmp_path / "x.db")
+    assert not (tmp_path / "x.db").exists()
+    with pytest.raises(ValueError, match="needs a target"):
+        run(evaluator, [Trial("single", bit=0, element=0)], SPEC, tmp_path / "x.db")

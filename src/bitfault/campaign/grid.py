@@ -40,7 +40,7 @@ class Trial:
     chip: int = 0
     seed: int = 0
     target: str | None = None
-    bit: int | None = None
+    bit: int | str | None = None  # a bit position, or a field name in bit sweeps
     element: int | None = None
 
     @property
@@ -87,14 +87,25 @@ def layer_sweep(bers: Sequence[float], chips: int, targets: Sequence[str],
             for t in targets for ber in bers for c in range(chips)]
 
 
-def bit_sweep(bers: Sequence[float], chips: int, bits: Sequence[int],
+def bit_sweep(bers: Sequence[float], chips: int, bits: Sequence[int | str],
               base_seed: int = 0) -> list[Trial]:
-    """A rate sweep per bit position, faults confined to that position."""
+    """A rate sweep per bit position or field of the format (``"sign"``, ``"exponent"``,
+    ...), faults confined to it (``run`` checks the names against the format)."""
     bers, chips = _check_bers(bers), _check_chips(chips)
-    if not bits:
-        raise ValueError("bits must name at least one bit position")
-    return [Trial("bit", ber, c, base_seed + c, bit=int(b))
-            for b in bits for ber in bers for c in range(chips)]
+    if isinstance(bits, (str, int)) or not bits:
+        raise ValueError(f"bits must list at least one bit position or field name, got "
+                         f"{bits!r}")
+    chosen: list[int | str] = []
+    for b in bits:
+        if isinstance(b, str):
+            chosen.append(b)
+        elif isinstance(b, (int, np.integer)) and not isinstance(b, bool) and b >= 0:
+            chosen.append(int(b))
+        else:
+            raise TypeError(f"bits: each entry must be a bit position (int >= 0) or a field "
+                            f"name, got {b!r}")
+    return [Trial("bit", ber, c, base_seed + c, bit=b)
+            for b in chosen for ber in bers for c in range(chips)]
 
 
 def single_faults(faults: Iterable[tuple[str, int, int]]) -> list[Trial]:

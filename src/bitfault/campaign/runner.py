@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import os
 import platform
 import sys
@@ -25,6 +26,7 @@ import bitfault
 from bitfault.campaign.grid import Trial
 from bitfault.campaign.stopping import StopWhenPrecise
 from bitfault.campaign.store import CampaignStore, TrialRecord
+from bitfault.faults import resolve_bits
 from bitfault.inject import inject
 from bitfault.maps import FaultMap
 from bitfault.spec import FaultSpec
@@ -109,6 +111,23 @@ def _check_target(trial: Trial, shapes: Mapping[str, tuple[int, ...]]) -> None:
     if trial.target is not None and trial.target not in shapes:
         raise ValueError(f"trial {trial.key}: unknown tensor {trial.target!r}; known: "
                          f"{sorted(shapes)}")
+
+
+def _check_trial(trial: Trial, shapes: Mapping[str, tuple[int, ...]], spec: FaultSpec) -> None:
+    """A trial's tensor, bit (position or field of the format) and element exist."""
+    _check_target(trial, shapes)
+    if trial.kind == "bit":
+        resolve_bits((trial.bit,), spec.format, argument=f"trial {trial.key}: bit")
+    elif trial.kind == "single":
+        if trial.target is None:
+            raise ValueError(f"trial {trial.key}: a single fault needs a target tensor")
+        size = math.prod(shapes[trial.target])
+        if not (isinstance(trial.bit, int) and 0 <= trial.bit < spec.format.bits):
+            raise ValueError(f"trial {trial.key}: bit must be in 0..{spec.format.bits - 1} "
+                             f"for {spec.format}")
+        if not (isinstance(trial.element, int) and 0 <= trial.element < size):
+            raise ValueError(f"trial {trial.key}: element must be in 0..{size - 1} for tensor "
+                             f"{trial.target!r} of shape {tuple(shapes[trial.target])}")
 
 
 @functools.lru_cache(maxsize=4096)
@@ -292,8 +311,8 @@ def run(
     if len(set(keys)) != len(keys):
         raise ValueError("trials contain duplicates (the same key twice)")
     shapes = evaluator.tensor_shapes()
-    for t in trials:  # unknown tensors fail here, before anything runs
-        _check_target(t, shapes)
+    for t in trials:  # unknown tensors, bits and elements fail here, before anything runs
+        _check_trial(t, shapes, spec)
     model_digest, data_digest = evaluator.model_digest(), evaluator.data_digest()
     digest = campaign_digest(spec, trials, model_digest, data_digest)
     description = {"spec": spec.to_dict(), "n_trials": len(trials), "model": model_digest,

@@ -61,7 +61,7 @@ class TrialRecord:
     chip: int | None
     seed: int | None
     target: str | None
-    bit: int | None
+    bit: int | str | None
     element: int | None
     map_digest: str | None
     model_digest: str | None
