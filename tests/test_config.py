@@ -28,7 +28,8 @@ recipes:
     fault_aware: {format: {kind: fixed_point, bits: 16, frac: 12}, ber: 1e-3,
                   persistence: transient}
 campaign: {bers: [1e-4, 1.0e-3, "0.01"], chips: 4, seed: 7, fault: {kind: stuck_at, value: 1},
-           targets: [fc1.weight, fc2.weight], layers: true, bits: false}
+           targets: [fc1.weight, fc2.weight], layers: true, bits: false,
+           single_faults: 2e-2}
 """
 
 TOML = """
@@ -70,6 +71,7 @@ fault = {kind = "stuck_at", value = 1}
 targets = ["fc1.weight", "fc2.weight"]
 layers = true
 bits = false
+single_faults = 0.02
 """
 
 
@@ -80,6 +82,7 @@ def test_yaml_and_toml_load_to_the_same_config(tmp_path: Path) -> None:
     assert a == b
     assert a.train.lr == 0.01 and a.train.weight_decay == 1e-4 and a.train.optimizer == "adam"
     assert a.campaign.bers == (1e-4, 1e-3, 0.01)  # YAML's string "1e-4" and "0.01" converted
+    assert a.campaign.single_faults == 0.02 and a.campaign.single_fault_confidence == 0.95
     assert a.campaign.fault == bf.StuckAt(1) and a.campaign.targets == ("fc1.weight",
                                                                         "fc2.weight")
     assert a.recipes[1] == Recipe(name="robust", format=bf.IntQuant(8), weight_clip=0.1,
@@ -166,6 +169,10 @@ def test_defaults_and_demo_example() -> None:
     ({"campaign": {"fault": {"kind": "melt"}}}, "config key 'campaign.fault': got {'kind': "
                                                 "'melt'}; allowed: fault kind must be"),
     ({"campaign": {"chip": 3}}, "config key 'campaign.chip': unknown; allowed: batch, bers, bits"),
+    ({"campaign": {"single_faults": 0.5}}, "config key 'campaign.single_faults': got 0.5; "
+                                           "allowed: a margin in (0, 0.5), e.g. 0.01 or null"),
+    ({"campaign": {"single_fault_confidence": 1}}, "config key "
+     "'campaign.single_fault_confidence': got 1; allowed: a confidence in (0, 1)"),
 ])
 def test_errors_name_key_value_and_what_is_allowed(data: dict, message: str) -> None:
     with pytest.raises(ConfigError) as info:

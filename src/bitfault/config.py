@@ -82,7 +82,10 @@ class CampaignConfig:
     """A rate sweep per model (``chips`` simulated chips per rate, chip c has seed
     ``seed + c``), plus per-tensor (``layers``) and per-bit (``bits``) sweeps at
     ``sensitivity_bers`` with ``sensitivity_chips`` chips (default: ``bers``,
-    ``chips``) when enabled."""
+    ``chips``) when enabled, and statistical single-fault injection when
+    ``single_faults`` is a margin: single bit faults sampled (Leveugle et al.) until
+    the share of faults that turn a correct prediction wrong is known to within that
+    margin at ``single_fault_confidence``."""
 
     bers: tuple[float, ...] = (1e-4, 1e-3, 1e-2)
     chips: int = 10
@@ -94,6 +97,8 @@ class CampaignConfig:
     sensitivity_bers: tuple[float, ...] | None = None
     sensitivity_chips: int | None = None
     batch: int | None = None
+    single_faults: float | None = None
+    single_fault_confidence: float = 0.95
 
     @property
     def sweep_bers(self) -> tuple[float, ...]:
@@ -144,7 +149,9 @@ class RunConfig:
                          "layers": c.layers, "bits": c.bits,
                          "sensitivity_bers": None if c.sensitivity_bers is None
                          else list(c.sensitivity_bers),
-                         "sensitivity_chips": c.sensitivity_chips, "batch": c.batch},
+                         "sensitivity_chips": c.sensitivity_chips, "batch": c.batch,
+                         "single_faults": c.single_faults,
+                         "single_fault_confidence": c.single_fault_confidence},
         }
 
 
@@ -395,7 +402,14 @@ def _campaign(raw: Any) -> CampaignConfig:
         sensitivity_bers=None if sens is None else _rates(sens, "campaign.sensitivity_bers"),
         sensitivity_chips=_int(d.get("sensitivity_chips"), "campaign.sensitivity_chips",
                                minimum=1, none=True),
-        batch=_int(d.get("batch"), "campaign.batch", minimum=1, none=True))
+        batch=_int(d.get("batch"), "campaign.batch", minimum=1, none=True),
+        single_faults=_float(d.get("single_faults"), "campaign.single_faults",
+                             what="a margin in (0, 0.5), e.g. 0.01", ok=lambda f: 0 < f < 0.5,
+                             none=True),
+        single_fault_confidence=_float(
+            d.get("single_fault_confidence", c.single_fault_confidence),
+            "campaign.single_fault_confidence", what="a confidence in (0, 1), e.g. 0.95",
+            ok=lambda f: 0 < f < 1))
 
 
 _TOP = tuple(f.name for f in dataclasses.fields(RunConfig))

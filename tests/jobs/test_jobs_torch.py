@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 from pathlib import Path
@@ -137,3 +138,23 @@ def test_demo_refuses_to_replace_another_run(tiny_run: Path) -> None:
     with pytest.raises(ValueError, match="holds a run that is not the demo's"):
         demo(fast=True, output=str(tiny_run))
     assert (tiny_run / "models" / "int8" / "model.pt").is_file()
+
+
+def test_campaign_with_sampled_single_faults(tiny_run: Path) -> None:
+    """campaign.single_faults: a margin; sampled faults stop once the share is that precise."""
+    config = load_config(RunDir(tiny_run).config_path)
+    config = config.replace(campaign=dataclasses.replace(
+        config.campaign, layers=False, single_faults=0.1, single_fault_confidence=0.9))
+    summary = run_campaign(tiny_run, config)
+    for name in ("int8", "clip"):
+        s = summary["models"][name]["single_faults"]
+        lo, hi = s["interval"]
+        assert s["reached"] and (hi - lo) / 2 <= 0.1 and s["confidence"] == 0.9
+        assert 30 <= s["trials"] == s["ran"] <= s["sample_size"]
+        assert lo <= s["share"] <= hi
+        assert (tiny_run / "campaign" / f"{name}.single_faults.sqlite").is_file()
+    again = run_campaign(tiny_run, config)["models"]["int8"]["single_faults"]
+    assert again["ran"] == 0 and again["interval"] == summary["models"]["int8"][
+        "single_faults"]["interval"]
+    html = Path(make_report(tiny_run)["html"]).read_text()
+    assert "Single bit faults (statistical fault injection)" in html

@@ -5,7 +5,10 @@ Each trained model is evaluated on the test split under its recipe's stored form
 rate, so every model meets the same simulated chips. Trials stream into
 ``RUN_DIR/campaign/<recipe>.sqlite`` as they finish; rerunning skips every stored
 trial (a store written for another model, data set or fault model is started over).
-Summaries across chips go to ``RUN_DIR/summary.json``.
+With ``campaign.single_faults`` (a margin), sampled single bit faults follow, in
+``RUN_DIR/campaign/<recipe>.single_faults.sqlite``, until the share that turns a
+correct prediction wrong is known to within that margin. Summaries go to
+``RUN_DIR/summary.json``.
 """
 
 from __future__ import annotations
@@ -162,7 +165,37 @@ def run_campaign(run_dir: str | os.PathLike[str] | None = None,
         write_json(rd.summary_path, summary)
         reporter.note(f"{recipe.name}: {result.ran} trials run, {result.skipped} already done; "
                       f"no-fault accuracy {result.clean['accuracy']:.3f}")
+        if c.single_faults is not None:
+            summary["models"][recipe.name]["single_faults"] = _single_faults(
+                rd, recipe.name, evaluator, spec, c, reporter)
+            write_json(rd.summary_path, summary)
     return summary
+
+
+def _single_faults(rd: RunDir, name: str, evaluator: Any, spec: FaultSpec, c: CampaignConfig,
+                   reporter: Reporter) -> dict[str, Any]:
+    """Statistical single-fault injection for one model, in its own resumable store: a
+    Leveugle-sized random sample of single bit faults, stopped once the failure share is
+    known to within ``c.single_faults``."""
+    from bitfault.campaign import StopWhenPrecise, run, sampled_single_faults
+
+    trials = sampled_single_faults(evaluator.tensor_shapes(), spec.format,
+                                   margin=c.single_faults, confidence=c.single_fault_confidence,
+                                   seed=c.seed, bits=spec.fault.bits)
+    store = rd.single_faults_store_path(name)
+    if _stale(store, evaluator, spec):
+        reporter.note(f"{store}: written for another model, data set or fault model; "
+                      "starting it over")
+        _remove_store(store)
+    stop = StopWhenPrecise(margin=c.single_faults, confidence=c.single_fault_confidence)
+    with reporter.bar(f"single faults {name}", len(trials), "fault") as progress:
+        result = run(evaluator, trials, spec, store, batch=c.batch or 64, append=True,
+                     progress=progress, stop=stop)
+    estimate = result.stopping or {}
+    reporter.note(f"{name}: {estimate.get('failures')} of {estimate.get('trials')} single "
+                  f"faults turn a correct prediction wrong (sample of {len(trials)})")
+    return {"sample_size": len(trials), "ran": result.ran, "skipped": result.skipped,
+            "store": str(store), **estimate}
 
 
 __all__ = ["build_trials", "check_campaign", "make_evaluator", "run_campaign"]

@@ -41,7 +41,7 @@ DEMO_CONFIG: dict[str, Any] = {
     "campaign": {"bers": [1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1], "chips": 10,
                  "seed": 1000, "fault": {"kind": "bit_flip"}, "targets": "weights",
                  "layers": True, "bits": True, "sensitivity_bers": [1e-3, 1e-2, 0.1],
-                 "sensitivity_chips": 3},
+                 "sensitivity_chips": 3, "single_faults": 0.05},
 }
 
 FAST_CHANGES: dict[str, Any] = {

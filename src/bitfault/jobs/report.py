@@ -89,6 +89,17 @@ def make_report(run_dir: str | os.PathLike[str]) -> dict[str, str]:
              f"{c.seed} + c for every model, so faults are nested across rates and shared "
              "across models).")
     columns = ("model", "stored as", "training", "test accuracy, no faults", "epochs")
+    tables = [("Models", rows_models, columns)]
+    singles = [(name, m["single_faults"]) for name, m in models.items()
+               if m.get("single_faults", {}).get("trials")]
+    if singles:
+        rows = [{"model": name, "faults run": s["trials"], "sample": s["sample_size"],
+                 "share that turns a correct prediction wrong": s["share"],
+                 f"{s['confidence']:.0%} interval": f"{s['interval'][0]:.4f}-"
+                                                    f"{s['interval'][1]:.4f}"}
+                for name, s in singles]
+        tables.append(("Single bit faults (statistical fault injection)", rows,
+                       tuple(rows[0])))
     return build_report(
         rd.report_dir,
         {n: m["rate"] for n, m in models.items()},
@@ -96,7 +107,7 @@ def make_report(run_dir: str | os.PathLike[str]) -> dict[str, str]:
         layer_rows={n: m.get("layer", []) for n, m in models.items()},
         bit_rows={n: m.get("bit", []) for n, m in models.items()},
         histories=histories or None, title=config.title, intro=intro,
-        tables=[("Models", rows_models, columns)])
+        tables=tables)
 
 
 def rate_table(summary: dict[str, Any]) -> tuple[list[float], dict[str, dict[str, Any]]]:

@@ -87,6 +87,9 @@ class RunDir:
     def store_path(self, recipe: str) -> Path:
         return self.path / "campaign" / f"{recipe}.sqlite"
 
+    def single_faults_store_path(self, recipe: str) -> Path:
+        return self.path / "campaign" / f"{recipe}.single_faults.sqlite"
+
     def exists(self) -> bool:
         return self.config_path.is_file()
 
