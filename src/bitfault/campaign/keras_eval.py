@@ -19,8 +19,12 @@ from typing import Any
 import keras
 import numpy as np
 
-from bitfault.campaign.runner import digest_arrays, predicted_labels
-from bitfault.formats import FixedPoint, Float
+from bitfault.campaign.runner import (
+    digest_arrays,
+    gathered_map,
+    patch_faulty_elements,
+    predicted_labels,
+)
 from bitfault.inject import inject
 from bitfault.keras.inject import walk_layers
 from bitfault.keras.layouts import Slot, is_supported, plan_slots
@@ -117,13 +121,11 @@ class KerasEvaluator:
         on its own, the stored tensor with only the faulty elements recomputed (the same
         bits as injecting the whole tensor)."""
         clean = self._clean[name]
-        if not isinstance(spec.format, (FixedPoint, Float)) or fmap.indices.size * 8 > fmap.size:
+        if not patch_faulty_elements(spec.format, fmap):
             return inject(clean, spec.format, spec.fault, fmap)
         out = self._stored(spec)[name].copy()
-        n = fmap.indices.size
-        sub = FaultMap((n,), np.arange(n, dtype=np.int64), fmap.masks, name)
         out.reshape(-1)[fmap.indices] = inject(clean.reshape(-1)[fmap.indices], spec.format,
-                                               spec.fault, sub)
+                                               spec.fault, gathered_map(fmap))
         return out
 
     def _predict_labels(self) -> np.ndarray:

@@ -27,6 +27,7 @@ from bitfault.campaign.grid import Trial
 from bitfault.campaign.stopping import StopWhenPrecise
 from bitfault.campaign.store import CampaignStore, TrialRecord
 from bitfault.faults import resolve_bits
+from bitfault.formats import FixedPoint, Float
 from bitfault.inject import inject
 from bitfault.maps import FaultMap
 from bitfault.spec import FaultSpec
@@ -128,6 +129,25 @@ def _check_trial(trial: Trial, shapes: Mapping[str, tuple[int, ...]], spec: Faul
         if not (isinstance(trial.element, int) and 0 <= trial.element < size):
             raise ValueError(f"trial {trial.key}: element must be in 0..{size - 1} for tensor "
                              f"{trial.target!r} of shape {tuple(shapes[trial.target])}")
+
+
+def stores_elementwise(fmt: Any) -> bool:
+    """The format stores each element on its own (FixedPoint, Float: no calibration across
+    the tensor), so a map's faulty values can be computed for its faulty elements alone."""
+    return isinstance(fmt, (FixedPoint, Float))
+
+
+def patch_faulty_elements(fmt: Any, fmap: FaultMap) -> bool:
+    """Whether evaluators compute ``fmap``'s tensor as the cached stored tensor with only the
+    faulty elements recomputed: a format that ``stores_elementwise`` and a map touching at
+    most an eighth of the elements (beyond that one pass over the tensor is cheaper)."""
+    return stores_elementwise(fmt) and fmap.indices.size * 8 <= fmap.size
+
+
+def gathered_map(fmap: FaultMap) -> FaultMap:
+    """``fmap`` for the 1-D gather of its faulty elements (element k is ``fmap.indices[k]``)."""
+    n = int(fmap.indices.size)
+    return FaultMap((n,), np.arange(n, dtype=np.int64), fmap.masks, fmap.name)
 
 
 @functools.lru_cache(maxsize=4096)

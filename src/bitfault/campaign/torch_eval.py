@@ -35,8 +35,14 @@ from typing import Any
 
 import numpy as np
 
-from bitfault.campaign.runner import Maps, digest_arrays, predicted_labels
-from bitfault.formats import FixedPoint, Float
+from bitfault.campaign.runner import (
+    Maps,
+    digest_arrays,
+    gathered_map,
+    patch_faulty_elements,
+    predicted_labels,
+    stores_elementwise,
+)
 from bitfault.maps import FaultMap
 from bitfault.spec import FaultSpec
 
@@ -221,8 +227,7 @@ class TorchEvaluator:
 
         clean = self._clean[name]
         compiled = compiled_for(clean, spec.format)  # one fast pass
-        if compiled or not isinstance(spec.format, (FixedPoint, Float)) or (
-                fmap.indices.size * 8 > fmap.size):
+        if compiled or not patch_faulty_elements(spec.format, fmap):
             return inject(clean, spec.format, spec.fault, fmap)
         idx = torch.from_numpy(np.array(fmap.indices, np.int64)).to(clean.device)
         out = self.stored(spec)[name].clone()
@@ -234,9 +239,8 @@ class TorchEvaluator:
         format that stores each element on its own (FixedPoint, Float)."""
         from bitfault.torch import inject
 
-        n = int(fmap.indices.size)
-        sub = FaultMap((n,), np.arange(n, dtype=np.int64), fmap.masks, name)
-        return inject(self._clean[name].reshape(-1)[idx], spec.format, spec.fault, sub)
+        return inject(self._clean[name].reshape(-1)[idx], spec.format, spec.fault,
+                      gathered_map(fmap))
 
     def _replica_tensors(self) -> dict[str, Any]:
         """A replica of the model that trials write their tensors into, by name (cheaper
@@ -487,7 +491,7 @@ class TorchEvaluator:
         stored_all = self.stored(spec)
         stored = stored_all[name]
         idx_all = torch.as_tensor(elems, device=self.device)
-        if isinstance(spec.format, (FixedPoint, Float)):  # only the faulty elements change
+        if stores_elementwise(spec.format):  # only the faulty elements change
             new_all = torch.empty(len(faults), dtype=stored.dtype, device=self.device)
             sorted_idx = torch.as_tensor(order, device=self.device)
             new_all[sorted_idx] = self._faulty_elements(name, idx_all[sorted_idx], joint, spec)
