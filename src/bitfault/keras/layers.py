@@ -213,7 +213,8 @@ class FaultyLayer(keras.layers.Wrapper):
         if self.built and step != self.step:
             maps = draw_maps(self._slots, self.spec, step)
             for slot, var in zip(self._slots, self._mask_variables, strict=True):
-                var.assign(dense_mask(slot, maps[slot.name], self.spec))
+                # the TensorFlow variable itself: Keras's assign adds a copy and checks
+                var.value.assign(dense_mask(slot, maps[slot.name], self.spec), read_value=False)
             self._maps = maps
         self.step = step
 

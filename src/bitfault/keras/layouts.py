@@ -11,6 +11,7 @@ Channels-last activations ``(N, *spatial, C)`` are mapped per example as
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +52,13 @@ class Slot:
 
     def to_keras(self, torch_array: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(np.transpose(torch_array, self.perm))
+
+    def keras_indices(self, torch_indices: np.ndarray) -> np.ndarray:
+        """Flat indices into the Keras tensor of flat indices into the PyTorch-layout one."""
+        if self.perm == tuple(range(len(self.perm))):
+            return torch_indices
+        coords = np.unravel_index(torch_indices, self.torch_shape)
+        return np.ravel_multi_index(tuple(coords[a] for a in self.perm), self.keras_shape)
 
     def to_torch(self, keras_array: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(np.transpose(keras_array, np.argsort(self.perm)))
@@ -150,9 +158,13 @@ def draw_maps(slots: list[Slot], spec: FaultSpec, step: int | None) -> dict[str,
 
 
 def dense_mask(slot: Slot, fmap: FaultMap, spec: FaultSpec) -> np.ndarray:
-    """The map as a dense mask in Keras layout and the format's container dtype."""
-    eligible = fmap.restricted(spec.fault.eligible_mask(spec.format))
-    return slot.to_keras(eligible.to_dense(spec.format.container))
+    """The map as a dense mask in Keras layout and the format's container dtype (its faults
+    restricted to the bits the fault model may touch, which all lie in the container)."""
+    dtype = np.dtype(spec.format.container)
+    masks = fmap.masks & np.uint32(spec.fault.eligible_mask(spec.format))
+    out = np.zeros(math.prod(slot.keras_shape), f"u{dtype.itemsize}")
+    out[slot.keras_indices(fmap.indices)] = masks.astype(out.dtype)
+    return out.view(dtype).reshape(slot.keras_shape)
 
 
 __all__ = ["SUPPORTED_LAYERS", "Slot", "dense_mask", "draw_maps", "is_supported", "plan_slots"]
