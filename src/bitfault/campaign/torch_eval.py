@@ -31,7 +31,6 @@ from __future__ import annotations
 import copy
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -44,22 +43,10 @@ from bitfault.campaign.runner import (
     predicted_labels,
     stores_elementwise,
 )
-from bitfault.formats import FixedPoint
 from bitfault.maps import FaultMap
 from bitfault.spec import FaultSpec
 
 TargetSpec = Sequence[str] | Callable[[Any, str], bool] | None
-
-
-_NOTHING = np.zeros(0, np.int64)
-
-
-@dataclass(frozen=True)
-class _Patched:
-    """What a replica tensor holds: its stored values with ``index`` faulty (under ``key``)."""
-
-    key: tuple[str, tuple[str, str]]
-    index: np.ndarray
 
 
 class _Graph:
@@ -197,8 +184,7 @@ class TorchEvaluator:
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(_keys={}, _views={}, _stored_cache={}, _golden={}, _graph=None,
-                     _loaded={})
+        state.update(_keys={}, _views={}, _stored_cache={}, _golden={}, _graph=None)
         return state
 
     # ---- shared pieces ---------------------------------------------------------------------
@@ -305,35 +291,8 @@ class TorchEvaluator:
             self._views[key] = views
         if not views:
             return False
-        if isinstance(spec.format, FixedPoint) and fmap.indices.size * 8 < fmap.size:
-            return self._patch_faulty(name, key, views, fmap, spec)
         self._loaded[name] = None
         return _fused.bind_map(spec.format, spec.fault, fmap)(*views)
-
-    def _patch_faulty(self, name: str, key: tuple[str, tuple[str, str]],
-                      views: tuple[np.ndarray, ...], fmap: FaultMap, spec: FaultSpec) -> bool:
-        """A sparse FixedPoint map written over the replica's stored values: only the
-        elements the previous map faulted are put back and this map's faulty ones written
-        (the replica's tensor is brought to its stored values first if it holds anything
-        else). The same bits as the whole pass, at a cost in proportion to the faults."""
-        from bitfault.torch import _fused
-
-        clean, dst = views
-        stored_tensor = self.stored(spec)[name]
-        stored = stored_tensor.reshape(-1).numpy()
-        held = self._loaded.get(name)
-        if held is stored_tensor:
-            restore = _NOTHING
-        elif isinstance(held, _Patched) and held.key == key:
-            restore = held.index
-        else:
-            np.copyto(dst, stored)
-            restore = _NOTHING
-        index, patch = _fused.patch_map(spec.format, spec.fault, fmap)
-        self._loaded[name] = None  # while writing: a failure leaves it unknown
-        patch(clean, dst, stored, restore)
-        self._loaded[name] = _Patched(key, index)
-        return True
 
     def golden(self, spec: FaultSpec) -> np.ndarray:
         """Predictions with every target stored in the format and no fault (computed once)."""

@@ -97,27 +97,12 @@ def _fixed_point_kernel(x, out, index, masks, op, nearest, up, down, lo, hi32, h
                         shift):  # pragma: no cover (compiled)
     for i in range(x.size):
         out[i] = _fixed_code(x[i], nearest, up, lo, hi32) * down + np.float32(0.0)  # +0.0
-    _fixed_point_faults(x, out, index, masks, op, nearest, up, down, lo, hi32, hi, shift)
-
-
-def _fixed_point_faults(x, out, index, masks, op, nearest, up, down, lo, hi32, hi,
-                        shift):  # pragma: no cover (compiled)
-    """Encode the faulty elements again from ``x``, fault them as words, decode into ``out``."""
     for k in range(index.size):
         j = index[k]
         code = min(np.int64(_fixed_code(x[j], nearest, up, lo, hi32)), hi)
         word = _fault_word(code, masks[k], op)
         word = (word << shift) >> shift  # two's complement of the low bits
         out[j] = np.float32(np.float64(word) * np.float64(down))
-
-
-def _fixed_point_patch(x, out, stored, restore, index, masks, op, nearest, up, down, lo, hi32,
-                       hi, shift):  # pragma: no cover (compiled)
-    """``out`` holds ``stored`` except at ``restore``: put those back, then fault ``index``."""
-    for k in range(restore.size):
-        j = restore[k]
-        out[j] = stored[j]
-    _fixed_point_faults(x, out, index, masks, op, nearest, up, down, lo, hi32, hi, shift)
 
 
 def _sortable(bits: int) -> int:  # pragma: no cover (compiled)
@@ -191,16 +176,14 @@ def _int_quant_kernel(x, out, channels, index, masks, op, nearest, symmetric, lo
 @functools.cache
 def _kernels() -> dict[str, Callable]:
     """Compile on first use: the helpers first (inlined, so the loops still vectorise)."""
-    global _fault_word, _sortable, _fixed_code, _int_code, _fixed_point_faults
+    global _fault_word, _sortable, _fixed_code, _int_code
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Numba's notes on caching
         _fault_word = _jit(_fault_word, inline="always")
         _sortable = _jit(_sortable, inline="always")
         _fixed_code = _jit(_fixed_code, inline="always")
         _int_code = _jit(_int_code, inline="always")
-        _fixed_point_faults = _jit(_fixed_point_faults, inline="always")
-        return {"fixed": _jit(_fixed_point_kernel), "fixed_patch": _jit(_fixed_point_patch),
-                "int": _jit(_int_quant_kernel)}
+        return {"fixed": _jit(_fixed_point_kernel), "int": _jit(_int_quant_kernel)}
 
 
 def bind(fmt: FixedPoint | IntQuant, fault: _FaultBase, index: np.ndarray, masks: np.ndarray,
@@ -218,7 +201,8 @@ def bind(fmt: FixedPoint | IntQuant, fault: _FaultBase, index: np.ndarray, masks
     lo, hi = fmt.code_range
     if isinstance(fmt, FixedPoint):
         kernel = _kernels()["fixed"]
-        consts = _fixed_point_consts(fmt, fault)
+        consts = (op, nearest, np.float32(2.0**fmt.frac), np.float32(2.0**-fmt.frac),
+                  np.float32(lo), np.float32(hi), hi, shift)
 
         def fixed_point(x: np.ndarray, out: np.ndarray) -> bool:
             kernel(x, out, index, masks, *consts)
@@ -239,42 +223,13 @@ def bind(fmt: FixedPoint | IntQuant, fault: _FaultBase, index: np.ndarray, masks
     return int_quant
 
 
-def _fixed_point_consts(fmt: FixedPoint, fault: _FaultBase) -> tuple:
-    lo, hi = fmt.code_range
-    return (fault_op(fault), fmt.rounding == "nearest", np.float32(2.0**fmt.frac),
-            np.float32(2.0**-fmt.frac), np.float32(lo), np.float32(hi), hi, 64 - fmt.bits)
-
-
-def _map_arrays(fmt: FixedPoint | IntQuant, fault: _FaultBase,
-                fmap: FaultMap) -> tuple[np.ndarray, np.ndarray]:
-    """The map's faults restricted to the bits ``fault`` may touch, as int64 arrays."""
+def bind_map(fmt: FixedPoint | IntQuant, fault: _FaultBase,
+             fmap: FaultMap) -> Callable[[np.ndarray, np.ndarray], bool]:
+    """``bind`` for one map: its faults restricted to the bits ``fault`` may touch."""
     eligible = fault.eligible_mask(fmt)
     index, masks = fmap.indices, fmap.masks
     if eligible != fmt.word_mask:  # else nothing to drop: kernels ignore bits beyond the word
         masks = masks & np.uint32(eligible)
         index, masks = index[masks != 0], masks[masks != 0]
     # writable copies: Numba compiles read-only arrays separately
-    return index.astype(np.int64), masks.astype(np.int64)
-
-
-def bind_map(fmt: FixedPoint | IntQuant, fault: _FaultBase,
-             fmap: FaultMap) -> Callable[[np.ndarray, np.ndarray], bool]:
-    """``bind`` for one map: its faults restricted to the bits ``fault`` may touch."""
-    return bind(fmt, fault, *_map_arrays(fmt, fault, fmap), fmap.shape)
-
-
-def patch_map(fmt: FixedPoint, fault: _FaultBase, fmap: FaultMap,
-              ) -> tuple[np.ndarray, Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
-                                              None]]:
-    """A FixedPoint map written over a tensor that already holds its stored (fault-free)
-    values: returns the faulty indices and ``call(x, out, stored, restore)``, which puts
-    ``stored`` back at the flat indices ``restore`` (an earlier map's) and writes this
-    map's faulty elements, decoded from the clean ``x``. Work in proportion to the
-    faults: the same bits as ``bind_map``'s whole pass."""
-    index, masks = _map_arrays(fmt, fault, fmap)
-    kernel, consts = _kernels()["fixed_patch"], _fixed_point_consts(fmt, fault)
-
-    def patch(x: np.ndarray, out: np.ndarray, stored: np.ndarray, restore: np.ndarray) -> None:
-        kernel(x, out, stored, restore, index, masks, *consts)
-
-    return index, patch
+    return bind(fmt, fault, index.astype(np.int64), masks.astype(np.int64), fmap.shape)
