@@ -100,17 +100,21 @@ def _rate_faults(n: int, width: int, rates: dict[int, float], seed: int, name: s
     ``c // width``: drawn up to the largest horizon, a hit counts if it comes before its
     own position's horizon. Positions at rate 1 are every element.
     """
-    horizon = np.full(width, -np.inf)  # -inf: no faults at that position
-    parts = []
     uniform = set(rates.values())
     if n and len(uniform) == 1 and 0.0 < (p := uniform.pop()) < 1.0:  # most maps: one rate
-        horizon[list(rates)] = _horizon(p, n * width)
-    else:
-        for pos, p in rates.items():
-            if n and p >= 1.0:
-                parts.append(np.arange(n, dtype=np.int64) * width + pos)
-            elif n and p > 0.0:
-                horizon[pos] = _horizon(p, n * width)
+        cells, _ = _hits(n * width, cell_stream(seed, name, step), _horizon(p, n * width))
+        if len(rates) < width:  # keep the hits on the chosen positions
+            chosen = np.zeros(width, dtype=bool)
+            chosen[list(rates)] = True
+            cells = cells[chosen[cells % width]]
+        return _from_cells(n, width, cells)
+    horizon = np.full(width, -np.inf)  # -inf: no faults at that position
+    parts = []
+    for pos, p in rates.items():
+        if n and p >= 1.0:
+            parts.append(np.arange(n, dtype=np.int64) * width + pos)
+        elif n and p > 0.0:
+            horizon[pos] = _horizon(p, n * width)
     drawn = horizon[np.isfinite(horizon)]
     if drawn.size:
         end = float(drawn.max())
@@ -149,7 +153,10 @@ def _from_cells(n: int, width: int, cells: np.ndarray) -> tuple[np.ndarray, np.n
     pow2 = width & (width - 1) == 0  # then shifts and masks split a cell
     elems = cells >> (width.bit_length() - 1) if pow2 else cells // width
     bits = _BIT[cells & (width - 1) if pow2 else cells % width]
-    starts = np.flatnonzero(np.concatenate(([True], elems[1:] != elems[:-1])))
+    first = np.empty(elems.size, dtype=bool)  # the first cell of each element
+    first[0] = True
+    np.not_equal(elems[1:], elems[:-1], out=first[1:])
+    starts = np.flatnonzero(first)
     return elems[starts].astype(np.int64), np.bitwise_or.reduceat(bits, starts)
 
 
