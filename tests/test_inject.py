@@ -17,6 +17,7 @@ from bitfault import (
     Float,
     InjectionStats,
     IntQuant,
+    StoredArray,
     StuckAt,
     inject,
     inject_with_stats,
@@ -148,6 +149,44 @@ def test_inject_with_a_dense_mask_matches_reference(fmt, selection, spread, rng)
     want, want_stats = reference_inject(x, fmt, "flip", 0, selection, mask)
     assert_same_floats(out, want)
     assert stats == want_stats
+
+
+@pytest.mark.parametrize("fmt,selection,spread", CASES, ids=repr)
+@pytest.mark.parametrize("kind,value", FAULTS, ids=["flip", "stuck0", "stuck1"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_stored_array_faults_many_maps_as_inject_does(fmt, selection, spread, kind, value,
+                                                      dtype, rng):
+    """One StoredArray, several maps (and none): the same bits as inject each time, and only
+    the elements with an eligible faulty bit come back from faulty_elements."""
+    shape = (13, 9)
+    x = (rng.normal(0, spread, shape)).astype(dtype)
+    x[0, :3] = [0.0, -0.0, spread]
+    if not isinstance(fmt, IntQuant):
+        x[1, :3] = [np.nan, np.inf, -np.inf]
+    fault = make_fault(kind, value, selection)
+    stored = StoredArray.of(x, fmt)
+    bits = np.dtype(f"u{np.dtype(dtype).itemsize}")
+    for seed, ber in ((1, 0.08), (2, 0.01), (3, 0.3), (4, 0.0)):
+        fmap = FaultMap.random(shape, fmt, ber=ber, seed=seed, name="layer.weight")
+        got = stored.faulty(fault, fmap)
+        want = inject(x, fmt, fault, fmap)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert np.array_equal(got.view(bits), want.view(bits)), (seed, ber)
+        idx, values = stored.faulty_elements(fault, fmap)
+        eligible = fmap.masks & np.uint32(fault.eligible_mask(fmt)) != 0
+        assert np.array_equal(idx, fmap.indices[eligible])
+        assert np.array_equal(values.view(bits), want.reshape(-1)[idx].view(bits))
+
+
+def test_stored_array_checks_its_input():
+    with pytest.raises(ValueError, match="shape"):
+        StoredArray.of(np.zeros((2, 3), np.float32), SEED_FORMAT).faulty(
+            BitFlip(), FaultMap.random((3, 2), SEED_FORMAT, ber=0.1))
+    with pytest.raises(TypeError, match="fault"):
+        StoredArray.of(np.zeros(3, np.float32), SEED_FORMAT).faulty_elements(
+            "flip", FaultMap.empty((3,)))
+    with pytest.raises(TypeError, match="fmt"):
+        StoredArray.of(np.zeros(3, np.float32), "int8")
 
 
 def test_seed_program_is_reproduced_bit_for_bit(rng):

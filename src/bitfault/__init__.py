@@ -6,7 +6,7 @@ The core (formats, fault models, fault maps, injection, specs) needs NumPy only;
 
 from bitfault.faults import BitFlip, StuckAt
 from bitfault.formats import FixedPoint, Float, IntQuant, QuantParams
-from bitfault.inject import InjectionStats, inject, inject_with_stats
+from bitfault.inject import InjectionStats, StoredArray, inject, inject_with_stats
 from bitfault.maps import FaultMap
 from bitfault.spec import FaultSpec
 
@@ -21,6 +21,7 @@ __all__ = [
     "InjectionStats",
     "IntQuant",
     "QuantParams",
+    "StoredArray",
     "StuckAt",
     "__version__",
     "inject",

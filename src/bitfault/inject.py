@@ -93,4 +93,61 @@ def inject(x: Any, fmt: Format, fault: FaultModel, fmap: FaultMap) -> np.ndarray
     return inject_with_stats(x, fmt, fault, fmap)[0]
 
 
-__all__ = ["InjectionStats", "check_map_fits", "fault_words", "inject", "inject_with_stats"]
+@dataclass(frozen=True, eq=False)
+class StoredArray:
+    """An array stored in a format once, to be faulted by many maps (a campaign's chips).
+
+    ``words`` (flat, the format's container) and ``values`` (flat, decoded, the input's
+    dtype) are the fault-free memory; IntQuant's calibration comes from the whole clean
+    array, as in ``inject``, and is kept per element. ``faulty_elements`` then costs in
+    proportion to a map's faults, with the same bits ``inject`` gives.
+    """
+
+    fmt: Format
+    shape: tuple[int, ...]
+    words: np.ndarray
+    values: np.ndarray
+    params: QuantParams | None
+
+    @classmethod
+    def of(cls, x: Any, fmt: Format) -> StoredArray:
+        arr = check_float_input(x)
+        if not is_format(fmt):
+            raise TypeError(f"fmt must be a bitfault format (FixedPoint, IntQuant, Float), "
+                            f"got {fmt!r}")
+        params: QuantParams | None = fmt.calibrate(arr)  # type: ignore[attr-defined]
+        words = fmt.encode(arr, params).reshape(-1)
+        values = fmt.decode(words.reshape(arr.shape), params, dtype=arr.dtype).reshape(-1)
+        if params is not None and np.ndim(params.scale):  # per channel: one per element
+            params = QuantParams(np.broadcast_to(params.scale, arr.shape).reshape(-1),
+                                 np.broadcast_to(params.zero_point, arr.shape).reshape(-1))
+        return cls(fmt, arr.shape, words, values, params)
+
+    def faulty_elements(self, fault: FaultModel,
+                        fmap: FaultMap) -> tuple[np.ndarray, np.ndarray]:
+        """Flat indices of the elements ``fmap`` faults (bits ``fault`` may touch) and their
+        faulty values; every other element keeps its value in ``values``."""
+        if not isinstance(fault, _FaultBase):
+            raise TypeError(f"fault must be BitFlip() or StuckAt(0|1), got {fault!r}")
+        check_map_fits(fmap, self.shape, self.fmt)
+        masks = fmap.masks & np.uint32(fault.eligible_mask(self.fmt))
+        keep = masks != 0
+        idx = fmap.indices[keep]
+        container = self.words.dtype
+        m = masks[keep].astype(f"u{container.itemsize}").view(container)
+        words = fault.apply(self.words[idx], m)
+        params = self.params
+        if params is not None and np.ndim(params.scale):
+            params = QuantParams(params.scale[idx], params.zero_point[idx])
+        return idx, self.fmt.decode(words, params, dtype=self.values.dtype)
+
+    def faulty(self, fault: FaultModel, fmap: FaultMap) -> np.ndarray:
+        """``inject(x, fmt, fault, fmap)`` of the stored ``x``, bit for bit."""
+        idx, faulty = self.faulty_elements(fault, fmap)
+        out = self.values.copy()
+        out[idx] = faulty
+        return out.reshape(self.shape)
+
+
+__all__ = ["InjectionStats", "StoredArray", "check_map_fits", "fault_words", "inject",
+           "inject_with_stats"]

@@ -28,7 +28,8 @@ def trained() -> tuple[keras.Model, np.ndarray, np.ndarray]:
     return model, xt[:200], yt[:200]
 
 
-@pytest.mark.parametrize("fmt", [bf.IntQuant(8), bf.FixedPoint(16, 12)], ids=repr)
+@pytest.mark.parametrize("fmt", [bf.IntQuant(8), bf.IntQuant(6, per_channel=True),
+                                 bf.FixedPoint(16, 12)], ids=repr)
 def test_campaign_equals_adapter_injection(trained, fmt, tmp_path: Path) -> None:
     model, x, y = trained
     before = [w.copy() for w in model.get_weights()]

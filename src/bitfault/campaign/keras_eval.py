@@ -3,12 +3,13 @@
 Tensors are named and mapped in PyTorch layout, as everywhere in bitfault
 (``"fc1.weight"`` is a Dense kernel transposed), so a campaign's chips are the same
 in Keras and PyTorch. Each trial's faulty kernels are computed by the NumPy core
-(``bitfault.inject``) and written into a private clone of the model; the caller's
-model is never touched. What does not change between trials is computed once:
-each kernel stored in the format without faults (FixedPoint and Float maps then
-recompute only their faulty elements: those formats store each element on its
-own), and the forward pass is traced once (``tf.function`` on the TensorFlow
-backend). A variable is written only when its value changes. Imports keras.
+and written into a private clone of the model; the caller's model is never touched.
+What does not change between trials is computed once: each kernel stored in the
+format (its words, its calibration, its fault-free values in Keras layout), so a
+map costs its faulty elements alone (``bitfault.StoredArray``: the same bits as
+``bitfault.inject``), patched into a Keras-layout copy whose previous map's
+elements are put back; and the forward pass is traced once (``tf.function`` on the
+TensorFlow backend). A variable is written only when its value changes. Imports keras.
 """
 
 from __future__ import annotations
@@ -19,13 +20,8 @@ from typing import Any
 import keras
 import numpy as np
 
-from bitfault.campaign.runner import (
-    digest_arrays,
-    gathered_map,
-    patch_faulty_elements,
-    predicted_labels,
-)
-from bitfault.inject import inject
+from bitfault.campaign.runner import digest_arrays, predicted_labels
+from bitfault.inject import StoredArray
 from bitfault.keras.inject import walk_layers
 from bitfault.keras.layouts import Slot, is_supported, plan_slots
 from bitfault.maps import FaultMap
@@ -67,8 +63,8 @@ class KerasEvaluator:
                              "ConvND or Embedding layer (or the filter matched none)")
         self._slots = slots
         self._clean = {n: s.to_torch(np.asarray(s.variable)) for n, s in slots.items()}
-        self._stored_cache: dict[tuple[str, str], dict[str, np.ndarray]] = {}
-        self._holds: dict[str, np.ndarray | None] = {}  # what each variable holds now
+        self._memories: dict[tuple[str, str], dict[str, _Memory]] = {}
+        self._holds: dict[str, Any] = {}  # (backends but TensorFlow) what each variable holds
         self._forward: Any = None
         self._batches: list[Any] | None = None
 
@@ -83,22 +79,23 @@ class KerasEvaluator:
             if unknown:
                 raise ValueError(f"fault maps name unknown tensor(s) {unknown}; this "
                                  f"evaluator's tensors are {sorted(self._slots)}")
-            stored = self._stored(spec)
+            memories = self._memories_for(spec)
+            kernels = []
             for name, slot in self._slots.items():
-                fmap = maps.get(name)
-                value = stored[name] if fmap is None or not fmap.indices.size else \
-                    self._faulty(name, fmap, spec)
-                if self._holds.get(name) is not value:  # a fresh faulty value, or back
-                    slot.variable.assign(slot.to_keras(value))
-                    self._holds[name] = value
-            out.append(self._predict_labels())
+                memory, fmap = memories[name], maps.get(name)
+                idx, values = (None, None) if fmap is None else \
+                    memory.stored.faulty_elements(spec.fault, fmap)
+                kernels.append(memory.patched(slot.keras_indices(idx), values)
+                               if idx is not None and idx.size else memory)
+            out.append(self._predict_labels(kernels))
         return out
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickling (Ray): the model travels (as Keras pickles it); the slots are found
         again in the copy, and the traced forward pass is rebuilt there."""
         state = dict(self.__dict__)
-        state.update(_slots=list(self._slots), _forward=None, _batches=None, _holds={})
+        state.update(_slots=list(self._slots), _forward=None, _batches=None, _holds={},
+                     _memories={})
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -107,43 +104,50 @@ class KerasEvaluator:
         found = _slots_of(self._model, None)
         self._slots = {n: found[n] for n in names}
 
-    def _stored(self, spec: FaultSpec) -> dict[str, np.ndarray]:
-        """Every target stored in the format, no fault (computed once per format and fault)."""
+    def _memories_for(self, spec: FaultSpec) -> dict[str, _Memory]:
+        """Every target stored in the format (computed once per format and fault model)."""
         key = (repr(spec.format), repr(spec.fault))
-        if key not in self._stored_cache:
-            self._stored_cache[key] = {
-                n: inject(c, spec.format, spec.fault, FaultMap.empty(c.shape, n))
-                for n, c in self._clean.items()}
-        return self._stored_cache[key]
+        if key not in self._memories:
+            self._memories[key] = {n: _Memory(StoredArray.of(c, spec.format), self._slots[n])
+                                   for n, c in self._clean.items()}
+        return self._memories[key]
 
-    def _faulty(self, name: str, fmap: FaultMap, spec: FaultSpec) -> np.ndarray:
-        """The tensor under ``fmap``: for a sparse map in a format that stores each element
-        on its own, the stored tensor with only the faulty elements recomputed (the same
-        bits as injecting the whole tensor)."""
-        clean = self._clean[name]
-        if not patch_faulty_elements(spec.format, fmap):
-            return inject(clean, spec.format, spec.fault, fmap)
-        out = self._stored(spec)[name].copy()
-        out.reshape(-1)[fmap.indices] = inject(clean.reshape(-1)[fmap.indices], spec.format,
-                                               spec.fault, gathered_map(fmap))
-        return out
-
-    def _predict_labels(self) -> np.ndarray:
+    def _predict_labels(self, kernels: list[Any]) -> np.ndarray:
+        """Predictions with each target's kernel given as a Keras-layout array, or as a
+        ``_Memory`` (its fault-free values). On TensorFlow the traced forward pass takes
+        the kernels as arguments (the variables' values are substituted, nothing is
+        assigned: an eager assign costs ~0.2 ms per variable); elsewhere a variable is
+        assigned when its value changes."""
         if self._forward is None:
-            model = self._model
-            if keras.backend.backend() == "tensorflow":  # trace once: no per-call Python
-                import tensorflow as tf
+            self._trace()
+        if keras.backend.backend() == "tensorflow":
+            values = [k.tensor() if isinstance(k, _Memory) else k for k in kernels]
+            logits = [self._forward(b, values) for b in self._batches]
+        else:
+            for (name, slot), k in zip(self._slots.items(), kernels, strict=True):
+                if isinstance(k, np.ndarray) or self._holds.get(name) is not k:
+                    slot.variable.assign(k if isinstance(k, np.ndarray) else k.keras_values)
+                    self._holds[name] = None if isinstance(k, np.ndarray) else k
+            logits = [self._forward(b) for b in self._batches]
+        return np.concatenate([predicted_labels(np.asarray(z)) for z in logits])
 
-                self._forward = tf.function(lambda x: model(x, training=False),
-                                            reduce_retracing=True)
-                self._batches = [tf.constant(self.x[i:i + self.batch_size])
-                                 for i in range(0, len(self.x), self.batch_size)]
-            else:
-                self._forward = lambda x: model(x, training=False)
-                self._batches = [self.x[i:i + self.batch_size]
-                                 for i in range(0, len(self.x), self.batch_size)]
-        return np.concatenate([predicted_labels(np.asarray(self._forward(b)))
-                               for b in self._batches])
+    def _trace(self) -> None:
+        model = self._model
+        batches = [self.x[i:i + self.batch_size] for i in range(0, len(self.x), self.batch_size)]
+        if keras.backend.backend() != "tensorflow":
+            self._forward = lambda x: model(x, training=False)
+            self._batches = batches
+            return
+        import tensorflow as tf
+
+        variables = [slot.variable for slot in self._slots.values()]
+
+        def forward(x: Any, kernels: list[Any]) -> Any:
+            with keras.StatelessScope(list(zip(variables, kernels, strict=True))):
+                return model(x, training=False)
+
+        self._forward = tf.function(forward, reduce_retracing=True)  # traced once
+        self._batches = [tf.constant(b) for b in batches]
 
     def model_digest(self) -> str:
         """The targets (names, clean values) and every weight of the model, in order."""
@@ -152,6 +156,35 @@ class KerasEvaluator:
 
     def data_digest(self) -> str:
         return digest_arrays({"x": self.x, "y": self.labels})
+
+
+class _Memory:
+    """One target stored in a format: the StoredArray (PyTorch layout), its fault-free values
+    in Keras layout, and a Keras-layout copy holding them except at the elements the last
+    map faulted (put back before the next map's are written)."""
+
+    def __init__(self, stored: StoredArray, slot: Slot) -> None:
+        self.stored = stored
+        self.keras_values = slot.to_keras(stored.values.reshape(stored.shape))
+        self._faulty = self.keras_values.copy()
+        self._changed = np.zeros(0, np.int64)
+        self._tensor: Any = None
+
+    def tensor(self) -> Any:
+        """The fault-free values as a TensorFlow constant (made once)."""
+        if self._tensor is None:
+            import tensorflow as tf
+
+            self._tensor = tf.constant(self.keras_values)
+        return self._tensor
+
+    def patched(self, keras_index: np.ndarray, values: np.ndarray) -> np.ndarray:
+        """The fault-free values with ``values`` at the flat Keras-layout ``keras_index``."""
+        flat, clean = self._faulty.reshape(-1), self.keras_values.reshape(-1)
+        flat[self._changed] = clean[self._changed]
+        flat[keras_index] = values
+        self._changed = keras_index
+        return self._faulty
 
 
 def _slots_of(model: keras.Model, accept: Callable[[Any, str], bool] | None) -> dict[str, Slot]:
