@@ -2,14 +2,15 @@
 
 Tensors are named and mapped in PyTorch layout, as everywhere in bitfault
 (``"fc1.weight"`` is a Dense kernel transposed), so a campaign's chips are the same
-in Keras and PyTorch. Each trial's faulty kernels are computed by the NumPy core
-and written into a private clone of the model; the caller's model is never touched.
-What does not change between trials is computed once: each kernel stored in the
-format (its words, its calibration, its fault-free values in Keras layout), so a
-map costs its faulty elements alone (``bitfault.StoredArray``: the same bits as
-``bitfault.inject``), patched into a Keras-layout copy whose previous map's
-elements are put back; and the forward pass is traced once (``tf.function`` on the
-TensorFlow backend). A variable is written only when its value changes. Imports keras.
+in Keras and PyTorch. Each trial's faulty kernels are computed by the NumPy core and
+run through a private clone of the model; the caller's model is never touched. What
+does not change between trials is computed once: each kernel stored in the format
+(its words, its calibration, its fault-free values in Keras layout), so a map costs
+its faulty elements alone (``bitfault.StoredArray``: the same bits as
+``bitfault.inject``), patched into a Keras-layout copy whose previous map's elements
+are put back; and the forward pass, traced once with ``tf.function``, takes the
+kernels as arguments (substituted for the variables, nothing assigned). On other
+backends a variable is assigned when its value changes. Imports keras.
 """
 
 from __future__ import annotations
