@@ -81,3 +81,36 @@ def test_reused_and_pickled_evaluator_gives_the_same_predictions(trained) -> Non
     fresh = [KerasEvaluator(model, x, y).predict([m], fixed)[0] for m in maps]
     for a, b, c, d in zip(first, again, shipped, fresh, strict=True):
         assert np.array_equal(a, b) and np.array_equal(a, c) and np.array_equal(a, d)
+
+
+@pytest.mark.parametrize("model_kind", ["mlp", "cnn-batchnorm"])
+def test_layer_shortcut_and_golden_cache_equal_whole_model_runs(trained, model_kind) -> None:
+    """Faults in one kernel run the model from that layer on (cached fault-free inputs);
+    fault-free trials reuse the golden run: predictions equal fast_paths=False bit for bit,
+    for every target, mixed with rate-sweep and fault-free trials and two formats."""
+    from bitfault.models.keras import small_cnn
+
+    model, x, y = trained
+    if model_kind != "mlp":
+        keras.utils.set_random_seed(1)
+        model = small_cnn((4, 8), norm="batch")
+        model.compile(keras.optimizers.SGD(0.05), "sparse_categorical_crossentropy")
+        model.fit(x, y, epochs=1, batch_size=50, verbose=0)
+    fast = KerasEvaluator(model, x, y, batch_size=64)
+    slow = KerasEvaluator(model, x, y, batch_size=64, fast_paths=False)
+    shapes = fast.tensor_shapes()
+    for spec in (bf.FaultSpec(format=bf.FixedPoint(32, 28), ber=1e-2),
+                 bf.FaultSpec(format=bf.IntQuant(8), ber=1e-2)):
+        trials = (layer_sweep([1e-2, 5e-2], 2, list(shapes)) + rate_sweep([1e-2], 2)
+                  + rate_sweep([0.0], 1))
+        maps = [trial_maps(t, spec, shapes) for t in trials]
+        for a, b in zip(fast.predict(maps, spec), slow.predict(maps, spec), strict=True):
+            assert np.array_equal(a, b)
+    assert len(fast._golden) == 2 and any(fast._inputs.values())  # the shortcuts ran
+    assert fast._tails[list(shapes)[-1]] is not None  # the first layer has nothing before it
+    small = KerasEvaluator(model, x, y, batch_size=64, max_bytes=0)
+    spec = bf.FaultSpec(format=bf.FixedPoint(32, 28), ber=1e-2)
+    maps = [trial_maps(t, spec, shapes) for t in layer_sweep([1e-2], 1, list(shapes))]
+    assert all(np.array_equal(a, b) for a, b in zip(small.predict(maps, spec),
+                                                     slow.predict(maps, spec), strict=True))
+    assert not any(small._inputs.values())  # over max_bytes: nothing cached

@@ -36,12 +36,18 @@ class KerasEvaluator:
 
     ``targets``: None (the kernel of every Dense, EinsumDense, ConvND and Embedding
     layer), a list of tensor names (``"<layer>.weight"``), or
-    ``filter(layer, path) -> bool`` choosing layers.
+    ``filter(layer, path) -> bool`` choosing layers. With ``fast_paths`` (TensorFlow
+    backend, a functional or Sequential model) the golden run is computed once, and a
+    trial whose faults sit in one layer's kernel runs the model from that layer on, from
+    the cached fault-free activations at its input (the same operations on the same
+    values: the tests compare with whole-model runs bit for bit); ``max_bytes`` bounds
+    the cached activations.
     """
 
     def __init__(self, model: keras.Model, x: Any, y: Any,
                  targets: Sequence[str] | Callable[[Any, str], bool] | None = None,
-                 batch_size: int = 1000) -> None:
+                 batch_size: int = 1000, fast_paths: bool = True,
+                 max_bytes: int = 256 << 20) -> None:
         self.x = np.asarray(x)
         self.labels = np.asarray(y)
         if len(self.x) != len(self.labels):
@@ -66,8 +72,13 @@ class KerasEvaluator:
         self._clean = {n: s.to_torch(np.asarray(s.variable)) for n, s in slots.items()}
         self._memories: dict[tuple[str, str], dict[str, _Memory]] = {}
         self._holds: dict[str, Any] = {}  # (backends but TensorFlow) what each variable holds
+        self.fast_paths = bool(fast_paths)
+        self.max_bytes = int(max_bytes)
         self._forward: Any = None
         self._batches: list[Any] | None = None
+        self._tails: dict[str, Any] = {}  # name -> traced run from its layer on (None: none)
+        self._inputs: dict[tuple[tuple[str, str], str], list[Any] | None] = {}  # their inputs
+        self._golden: dict[tuple[str, str], np.ndarray] = {}
 
     def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
         return {n: tuple(a.shape) for n, a in self._clean.items()}
@@ -80,23 +91,88 @@ class KerasEvaluator:
             if unknown:
                 raise ValueError(f"fault maps name unknown tensor(s) {unknown}; this "
                                  f"evaluator's tensors are {sorted(self._slots)}")
-            memories = self._memories_for(spec)
-            kernels = []
+            key, memories = self._memories_for(spec)
+            kernels, faulty = [], []
             for name, slot in self._slots.items():
                 memory, fmap = memories[name], maps.get(name)
                 idx, values = (None, None) if fmap is None else \
                     memory.stored.faulty_elements(spec.fault, fmap)
-                kernels.append(memory.patched(slot.keras_indices(idx), values)
-                               if idx is not None and idx.size else memory)
-            out.append(self._predict_labels(kernels))
+                if idx is not None and idx.size:
+                    kernels.append(memory.patched(slot.keras_indices(idx), values))
+                    faulty.append(name)
+                else:
+                    kernels.append(memory)
+            out.append(self._predict_fast(key, kernels, faulty) if self._fast() else
+                       self._predict_labels(kernels))
         return out
+
+    def _fast(self) -> bool:
+        return self.fast_paths and keras.backend.backend() == "tensorflow"
+
+    def _predict_fast(self, key: tuple[str, str], kernels: list[Any],
+                      faulty: list[str]) -> np.ndarray:
+        """The golden run once; faults in one layer from that layer on; else the whole model."""
+        if not faulty:
+            if key not in self._golden:
+                self._golden[key] = self._predict_labels(kernels)
+            return self._golden[key].copy()
+        if len(faulty) == 1 and (tail := self._tail(faulty[0])) is not None:
+            name = faulty[0]
+            if (key, name) not in self._inputs:  # fault-free activations at its input
+                head, values = tail[0], self._values(kernels)
+                inputs = [head(b, values) for b in self._batches]
+                cached = sum(h.shape.num_elements() * h.dtype.size for h in inputs)
+                cached += sum(h.shape.num_elements() * h.dtype.size
+                              for hs in self._inputs.values() if hs for h in hs)
+                self._inputs[(key, name)] = inputs if cached <= self.max_bytes else None
+            if self._inputs[(key, name)] is not None:
+                values = self._values(kernels)
+                return np.concatenate([predicted_labels(np.asarray(tail[1](h, values)))
+                                       for h in self._inputs[(key, name)]])
+        return self._predict_labels(kernels)
+
+    def _tail(self, name: str) -> tuple[Any, Any] | None:
+        """Traced (head, tail) of the model split at the input of ``name``'s layer; None
+        where the model is not a graph of layers that splits there."""
+        if name not in self._tails:
+            self._tails[name] = None
+            if self._forward is None:
+                self._trace()
+            path = name.rsplit(".", 1)[0]
+            layer = next((la for la, p in walk_layers(self._model) if p == path), None)
+            try:
+                if any(layer.input is i for i in self._model.inputs):
+                    return None  # nothing before it to reuse
+                head = keras.Model(self._model.inputs, layer.input)
+                tail = keras.Model(layer.input, self._model.outputs)
+            except Exception:  # nested, shared or subclassed: the whole model runs
+                return None
+            self._tails[name] = (self._traced(head), self._traced(tail))
+        return self._tails[name]
+
+    def _values(self, kernels: list[Any]) -> list[Any]:
+        return [k.tensor() if isinstance(k, _Memory) else k for k in kernels]
+
+    def _traced(self, model: keras.Model) -> Any:
+        """``model`` traced once with ``tf.function``, the targets' kernels as arguments
+        (substituted for the variables in a StatelessScope: nothing is assigned)."""
+        import tensorflow as tf
+
+        variables = [slot.variable for slot in self._slots.values()]
+
+        def forward(x: Any, kernels: list[Any]) -> Any:
+            with keras.StatelessScope(list(zip(variables, kernels, strict=True))):
+                out = model(x, training=False)
+            return out[0] if isinstance(out, (list, tuple)) and len(out) == 1 else out
+
+        return tf.function(forward, reduce_retracing=True)
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickling (Ray): the model travels (as Keras pickles it); the slots are found
         again in the copy, and the traced forward pass is rebuilt there."""
         state = dict(self.__dict__)
         state.update(_slots=list(self._slots), _forward=None, _batches=None, _holds={},
-                     _memories={})
+                     _memories={}, _tails={}, _inputs={}, _golden={})
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -105,13 +181,13 @@ class KerasEvaluator:
         found = _slots_of(self._model, None)
         self._slots = {n: found[n] for n in names}
 
-    def _memories_for(self, spec: FaultSpec) -> dict[str, _Memory]:
+    def _memories_for(self, spec: FaultSpec) -> tuple[tuple[str, str], dict[str, _Memory]]:
         """Every target stored in the format (computed once per format and fault model)."""
         key = (repr(spec.format), repr(spec.fault))
         if key not in self._memories:
             self._memories[key] = {n: _Memory(StoredArray.of(c, spec.format), self._slots[n])
                                    for n, c in self._clean.items()}
-        return self._memories[key]
+        return key, self._memories[key]
 
     def _predict_labels(self, kernels: list[Any]) -> np.ndarray:
         """Predictions with each target's kernel given as a Keras-layout array, or as a
@@ -122,7 +198,7 @@ class KerasEvaluator:
         if self._forward is None:
             self._trace()
         if keras.backend.backend() == "tensorflow":
-            values = [k.tensor() if isinstance(k, _Memory) else k for k in kernels]
+            values = self._values(kernels)
             logits = [self._forward(b, values) for b in self._batches]
         else:
             for (name, slot), k in zip(self._slots.items(), kernels, strict=True):
@@ -141,13 +217,7 @@ class KerasEvaluator:
             return
         import tensorflow as tf
 
-        variables = [slot.variable for slot in self._slots.values()]
-
-        def forward(x: Any, kernels: list[Any]) -> Any:
-            with keras.StatelessScope(list(zip(variables, kernels, strict=True))):
-                return model(x, training=False)
-
-        self._forward = tf.function(forward, reduce_retracing=True)  # traced once
+        self._forward = self._traced(model)
         self._batches = [tf.constant(b) for b in batches]
 
     def model_digest(self) -> str:
