@@ -6,9 +6,11 @@ FixedPoint(32, 28, trunc) and IntQuant(8) at ber 1e-3. The clean baseline is the
 model's forward pass traced once with ``tf.function`` on the same 1,000 inputs
 (a constant tensor), arg-maxed, once per chip. Every run draws new chips; a one-chip
 campaign splits the time into a fixed part (model clone, digests, golden run, store)
-and a part per chip.
+and a part per chip. Then layer sweeps (faults in one kernel at a time, 40 chips per
+layer) with the evaluator's fast paths on and off, alternating, identical results
+asserted, for the MLP and the small CNN.
 
-    python benchmarks/bench_keras_campaign.py            # about a minute
+    python benchmarks/bench_keras_campaign.py            # about 3 minutes
 """
 
 from __future__ import annotations
@@ -27,18 +29,42 @@ import numpy as np
 import tensorflow as tf
 
 import bitfault as bf
-from bitfault.campaign import rate_sweep, run
+from bitfault.campaign import layer_sweep, rate_sweep, run
 from bitfault.campaign.keras_eval import KerasEvaluator
 from bitfault.data import split_embedded_mnist
-from bitfault.models.keras import seed_mlp
+from bitfault.models.keras import seed_mlp, small_cnn
 
 TMP = Path(tempfile.mkdtemp(prefix="bench_keras_campaign_"))
 
 
-def campaign(model, x, y, trials, spec, store) -> float:
+def campaign(model, x, y, trials, spec, store, fast_paths: bool = True) -> float:
+    return timed_campaign(model, x, y, trials, spec, store, fast_paths)[0]
+
+
+def timed_campaign(model, x, y, trials, spec, store, fast_paths: bool) -> tuple[float, list]:
     t = time.perf_counter()
-    run(KerasEvaluator(model, x, y), trials, spec, store)
-    return time.perf_counter() - t
+    result = run(KerasEvaluator(model, x, y, fast_paths=fast_paths), trials, spec, store)
+    dt = time.perf_counter() - t
+    return dt, sorted((r.trial_key, r.metrics["correct"]) for r in result.records)
+
+
+def layer_sweep_bench(label: str, model, x, y, chips: int, repeats: int) -> None:
+    """Fast paths (the model run from the faulty layer on) vs the whole model per trial."""
+    spec = bf.FaultSpec(format=bf.FixedPoint(32, 28, rounding="trunc"), ber=1e-3)
+    names = list(KerasEvaluator(model, x[:1], y[:1]).tensor_shapes())
+    ratios = []
+    for r in range(repeats + 1):  # the first pair warms up and is not counted
+        trials = layer_sweep([1e-3], chips, names, 20_000 * r)
+        runs = {}
+        for fast in ((True, False) if r % 2 else (False, True)):
+            runs[fast] = timed_campaign(model, x, y, trials, spec,
+                                        TMP / f"layers-{label}-{r}-{fast}.db", fast)
+        assert runs[True][1] == runs[False][1], "fast paths changed a result"
+        if r:
+            ratios.append(runs[True][0] / runs[False][0])
+    print(f"{label}: layer sweep, {chips} chips x {len(names)} layers: fast paths / whole "
+          f"model = {statistics.median(ratios):.2f} (repeats {min(ratios):.2f}-"
+          f"{max(ratios):.2f}), identical results")
 
 
 def main() -> None:
@@ -85,6 +111,9 @@ def main() -> None:
               f"{min(ratios):.2f}-{max(ratios):.2f}); per chip {med(per_chip) * 1e3:.1f} ms vs "
               f"{med(inference) * 1e3:.1f} ms for a clean inference, fixed "
               f"{med(fixed) * 1e3:.0f} ms")
+    layer_sweep_bench("MLP", model, x, y, chips=40, repeats=3)
+    keras.utils.set_random_seed(0)
+    layer_sweep_bench("CNN", small_cnn(), x, y, chips=40, repeats=3)
 
 
 if __name__ == "__main__":
