@@ -121,6 +121,7 @@ class StoredArray:
         if params is not None and np.ndim(params.scale):  # per channel: one per element
             params = QuantParams(np.broadcast_to(params.scale, arr.shape).reshape(-1),
                                  np.broadcast_to(params.zero_point, arr.shape).reshape(-1))
+        words.flags.writeable = values.flags.writeable = False  # shared by every map
         return cls(fmt, arr.shape, words, values, params)
 
     def faulty_elements(self, fault: FaultModel,
