@@ -26,7 +26,7 @@ from bitfault.campaign import (  # noqa: E402
     single_faults,
     trial_maps,
 )
-from bitfault.campaign.torch_eval import TorchEvaluator  # noqa: E402
+from bitfault.campaign.torch_eval import TorchEvaluator, _Patched  # noqa: E402
 from bitfault.data import split_embedded_mnist  # noqa: E402
 from bitfault.models.torch import seed_mlp, small_cnn  # noqa: E402
 from bitfault.torch import inject, inject_  # noqa: E402
@@ -218,3 +218,31 @@ def test_batches_and_evaluator_state_do_not_change_results(mlp, data) -> None:
     before = {k: v.clone() for k, v in mlp.state_dict().items()}
     TorchEvaluator(mlp, x, y).predict(maps, INT8)
     assert all(torch.equal(before[k], v) for k, v in mlp.state_dict().items())
+
+
+def test_patched_replica_tracks_what_it_holds(mlp, data) -> None:
+    """Formats the compiled pass lacks (Float, FixedPoint "wrap") are patched over the
+    replica's stored values, the previous map's elements put back: any order of sparse,
+    dense, fault-free, one-tensor and other-format maps, one evaluator, and a pickled copy
+    give the plain loop's predictions."""
+    import pickle
+
+    x, _ = data
+    ev = TorchEvaluator(mlp, x[:100], data[1][:100])
+    shapes = ev.tensor_shapes()
+    f32 = bf.FaultSpec(format=bf.Float("float32"), ber=1e-3)
+    f16 = bf.FaultSpec(format=bf.Float("float16"), ber=1e-3, fault=bf.StuckAt(1))
+    wrap = bf.FaultSpec(format=bf.FixedPoint(16, 12, overflow="wrap"), ber=1e-3)
+    sequence = [(f32, 1e-3, 0), (f32, 2e-3, 1), (f32, 0.05, 2), (f32, 1e-3, 3), (f32, 0.0, 4),
+                (f32, 1e-3, 5), (f16, 1e-3, 6), (f32, 1e-3, 7), (wrap, 1e-2, 8),
+                (FIXED, 1e-3, 9), (wrap, 1e-2, 10), (f32, 1e-3, 11)]
+    for k, (spec, ber, seed) in enumerate(sequence):
+        maps = {n: bf.FaultMap.random(s, spec.format, ber=ber, seed=seed, name=n)
+                for n, s in shapes.items()}
+        if seed == 5:  # faults in one tensor: the others hold their stored values again
+            maps = {"fc2.weight": maps["fc2.weight"]}
+        if k == 9:
+            ev = pickle.loads(pickle.dumps(ev))  # as Ray ships it
+        got, = ev.predict([maps], spec)
+        assert np.array_equal(got, reference(mlp, x[:100], spec, maps)), (spec, ber, seed)
+    assert any(isinstance(ev._loaded.get(n), _Patched) for n in shapes)  # the patch path ran

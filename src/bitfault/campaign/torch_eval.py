@@ -31,6 +31,7 @@ from __future__ import annotations
 import copy
 import functools
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -43,10 +44,19 @@ from bitfault.campaign.runner import (
     predicted_labels,
     stores_elementwise,
 )
+from bitfault.inject import StoredArray
 from bitfault.maps import FaultMap
 from bitfault.spec import FaultSpec
 
 TargetSpec = Sequence[str] | Callable[[Any, str], bool] | None
+
+
+@dataclass(frozen=True)
+class _Patched:
+    """What a replica tensor holds: its stored values but at ``index`` (under ``key``)."""
+
+    key: tuple[str, tuple[str, str]]
+    index: np.ndarray
 
 
 class _Graph:
@@ -130,6 +140,7 @@ class TorchEvaluator:
         self._owner = {n: n.rpartition(".") for n in self.names}  # name -> (module, ".", attr)
         self._keys: dict[int, tuple[FaultSpec, tuple[str, str]]] = {}
         self._views: dict[tuple[str, tuple[str, str]], tuple[np.ndarray, ...]] = {}
+        self._memories: dict[tuple[str, tuple[str, str]], tuple[Any, ...]] = {}
         self._stored_cache: dict[tuple[str, str], dict[str, Any]] = {}
         self._golden: dict[tuple[str, str], np.ndarray] = {}
         self._graph: _Graph | bool | None = None  # None: not traced yet; False: untraceable
@@ -184,7 +195,8 @@ class TorchEvaluator:
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(_keys={}, _views={}, _stored_cache={}, _golden={}, _graph=None)
+        state.update(_keys={}, _views={}, _stored_cache={}, _golden={}, _graph=None,
+                     _memories={}, _loaded={})
         return state
 
     # ---- shared pieces ---------------------------------------------------------------------
@@ -290,9 +302,39 @@ class TorchEvaluator:
                 compiled_for(clean, spec.format) and dst.is_contiguous()) else ()
             self._views[key] = views
         if not views:
-            return False
+            return self._patch_stored(name, fmap, spec)
         self._loaded[name] = None
         return _fused.bind_map(spec.format, spec.fault, fmap)(*views)
+
+    def _patch_stored(self, name: str, fmap: FaultMap, spec: FaultSpec) -> bool:
+        """Where the compiled pass does not apply (a Float format, FixedPoint "wrap", a
+        float64 tensor...) on the CPU: the replica's tensor keeps the stored values, the
+        elements the previous map faulted are put back and this map's faulty ones written,
+        computed by ``bitfault.StoredArray`` (the same bits as injecting the tensor, at a
+        cost in proportion to the faults). False where it does not apply either."""
+        key = (name, self._key(spec))
+        memory = self._memories.get(key)
+        if memory is None:
+            clean, dst = self._clean[name], self._replica_tensors()[name]
+            ok = (clean.device.type == "cpu" and dst.is_contiguous() and
+                  str(clean.dtype) in ("torch.float32", "torch.float64", "torch.float16"))
+            stored = self.stored(spec)[name]
+            memory = self._memories[key] = (
+                StoredArray.of(clean.numpy(), spec.format), stored,
+                stored.reshape(-1).numpy(), dst.detach().view(-1).numpy()) if ok else ()
+        if not memory:
+            return False
+        array, stored, stored_flat, dst = memory
+        idx, values = array.faulty_elements(spec.fault, fmap)
+        held = self._loaded.get(name)
+        self._loaded[name] = None  # while writing: a failure leaves it unknown
+        if isinstance(held, _Patched) and held.key == key:
+            dst[held.index] = stored_flat[held.index]
+        elif held is not stored:
+            np.copyto(dst, stored_flat)
+        dst[idx] = values
+        self._loaded[name] = _Patched(key, idx)
+        return True
 
     def golden(self, spec: FaultSpec) -> np.ndarray:
         """Predictions with every target stored in the format and no fault (computed once)."""
