@@ -479,11 +479,15 @@ class FaultMap:
         return FaultMap(self.shape, self.indices[keep], masks[keep], self.name, dict(self.meta))
 
     def digest(self) -> str:
-        """SHA-256 of shape, indices and masks: equal maps have equal digests."""
-        h = hashlib.sha256(json.dumps(list(self.shape)).encode())
-        h.update(self.indices.tobytes())
-        h.update(self.masks.tobytes())
-        return h.hexdigest()
+        """SHA-256 of shape, indices and masks: equal maps have equal digests (computed once:
+        a map's arrays are read-only)."""
+        found = self.__dict__.get("_digest")
+        if found is None:
+            h = hashlib.sha256(json.dumps(list(self.shape)).encode())
+            h.update(self.indices.tobytes())
+            h.update(self.masks.tobytes())
+            found = self.__dict__["_digest"] = h.hexdigest()
+        return found
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, FaultMap):
