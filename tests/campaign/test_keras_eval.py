@@ -57,6 +57,9 @@ def test_bad_input(trained) -> None:
         KerasEvaluator(model, x, y, targets=["fc9.weight"])
     with pytest.raises(ValueError, match="chose no tensor"):
         KerasEvaluator(model, x, y, targets=lambda layer, path: False)
+    for bad in (-1, 1.5, "1GB", True):
+        with pytest.raises(ValueError, match="max_bytes must be a non-negative integer"):
+            KerasEvaluator(model, x, y, max_bytes=bad)
     ev = KerasEvaluator(model, x, y, targets=["fc1.weight"])
     assert list(ev.tensor_shapes()) == ["fc1.weight"]
 

@@ -200,6 +200,9 @@ def test_bad_input_is_refused(mlp, data) -> None:
         TorchEvaluator(lambda t: t, x, y)
     with pytest.raises(ValueError, match="batch_size"):
         TorchEvaluator(mlp, x, y, batch_size=0)
+    for bad in (-1, 1.5, "1GB", True):
+        with pytest.raises(ValueError, match="max_bytes must be a non-negative integer"):
+            TorchEvaluator(mlp, x, y, max_bytes=bad)
     ev = TorchEvaluator(mlp, x, y, targets=["fc1.weight"])
     with pytest.raises(ValueError, match="unknown tensor.*fc2.weight"):
         ev.predict([{"fc2.weight": bf.FaultMap.random((16, 16), INT8.format, ber=0.1,

@@ -21,7 +21,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from bitfault.campaign.runner import digest_arrays, predicted_labels
+from bitfault.campaign.runner import check_max_bytes, digest_arrays, predicted_labels
 from bitfault.inject import StoredArray
 from bitfault.keras.inject import walk_layers
 from bitfault.keras.layouts import Slot, is_supported, plan_slots
@@ -56,6 +56,7 @@ class KerasEvaluator:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         self.batch_size = batch_size
+        self.max_bytes = check_max_bytes(max_bytes)
         self._model = keras.models.clone_model(model)
         self._model.set_weights(model.get_weights())
         slots = _slots_of(self._model, targets if callable(targets) else None)
@@ -73,7 +74,6 @@ class KerasEvaluator:
         self._memories: dict[tuple[str, str], dict[str, _Memory]] = {}
         self._holds: dict[str, Any] = {}  # (backends but TensorFlow) what each variable holds
         self.fast_paths = bool(fast_paths)
-        self.max_bytes = int(max_bytes)
         self._forward: Any = None
         self._batches: list[Any] | None = None
         self._tails: dict[str, Any] = {}  # name -> traced run from its layer on (None: none)

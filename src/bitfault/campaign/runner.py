@@ -131,6 +131,14 @@ def _check_trial(trial: Trial, shapes: Mapping[str, tuple[int, ...]], spec: Faul
                              f"{trial.target!r} of shape {tuple(shapes[trial.target])}")
 
 
+def check_max_bytes(max_bytes: Any) -> int:
+    """An evaluator's cache bound: a non-negative integer of bytes."""
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, (int, np.integer)) or \
+            max_bytes < 0:
+        raise ValueError(f"max_bytes must be a non-negative integer (bytes), got {max_bytes!r}")
+    return int(max_bytes)
+
+
 def stores_elementwise(fmt: Any) -> bool:
     """The format stores each element on its own (FixedPoint, Float: no calibration across
     the tensor), so a map's faulty values can be computed for its faulty elements alone."""

@@ -38,6 +38,7 @@ import numpy as np
 
 from bitfault.campaign.runner import (
     Maps,
+    check_max_bytes,
     digest_arrays,
     gathered_map,
     patch_faulty_elements,
@@ -95,6 +96,7 @@ class TorchEvaluator:
         if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(
                 batch_size, int) or batch_size < 1):
             raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
+        max_bytes = check_max_bytes(max_bytes)
         self.device = torch.device(device)
         xt = x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))
         labels = np.asarray(y.cpu().numpy() if isinstance(y, torch.Tensor) else y)
@@ -111,7 +113,7 @@ class TorchEvaluator:
         self.model = copy.deepcopy(model).to(self.device).eval()
         self.batch_size = batch_size
         self.fast_paths = bool(fast_paths)
-        self.max_bytes = int(max_bytes)
+        self.max_bytes = max_bytes
         tensors = dict(self.model.named_parameters())
         tensors.update(self.model.named_buffers())
         if targets is None or callable(targets):
