@@ -117,3 +117,24 @@ def test_layer_shortcut_and_golden_cache_equal_whole_model_runs(trained, model_k
     assert all(np.array_equal(a, b) for a, b in zip(small.predict(maps, spec),
                                                      slow.predict(maps, spec), strict=True))
     assert not any(small._inputs.values())  # over max_bytes: nothing cached
+
+
+def test_layers_inside_a_nested_model_run_the_whole_model(trained) -> None:
+    """A layer inside a nested model does not split the outer graph: those trials fall
+    back to whole-model runs, with the same predictions as fast_paths=False."""
+    _, x, y = trained
+    keras.utils.set_random_seed(3)
+    block = keras.Sequential([keras.Input((784,)), keras.layers.Dense(16, activation="relu",
+                                                                       name="inner")],
+                             name="block")
+    inputs = keras.Input((784,))
+    outputs = keras.layers.Dense(10, name="head")(block(inputs))
+    model = keras.Model(inputs, outputs)
+    fast, slow = KerasEvaluator(model, x, y), KerasEvaluator(model, x, y, fast_paths=False)
+    shapes = fast.tensor_shapes()
+    assert set(shapes) == {"block.inner.weight", "head.weight"}
+    spec = bf.FaultSpec(format=bf.FixedPoint(32, 28), ber=1e-2)
+    maps = [trial_maps(t, spec, shapes) for t in layer_sweep([1e-2], 2, list(shapes))]
+    for a, b in zip(fast.predict(maps, spec), slow.predict(maps, spec), strict=True):
+        assert np.array_equal(a, b)
+    assert fast._tails["block.inner.weight"] is None  # inside the nested model: no split
