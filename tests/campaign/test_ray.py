@@ -85,3 +85,39 @@ def test_ray_campaign_stops_early_and_cancels_the_rest(
     assert len(result.records) == result.ran  # nothing after the stop reached the store
     lo, hi = result.stopping["interval"]
     assert (hi - lo) / 2 <= 0.1
+
+
+def test_framework_evaluators_on_ray_match_local(cluster: None, tmp_path: Path) -> None:
+    """The PyTorch and Keras evaluators travel to the workers (their caches rebuilt there):
+    the same records as the local executor, for a compiled format, a patched one and a
+    layer sweep (the fast paths)."""
+    from bitfault.campaign import layer_sweep
+    from bitfault.data import split_embedded_mnist
+
+    _, (x, y) = split_embedded_mnist()
+    x, y = x[:200], y[:200]
+    specs = [bf.FaultSpec(format=bf.FixedPoint(32, 28), ber=1e-3),
+             bf.FaultSpec(format=bf.Float("float32"), ber=1e-3)]
+    evaluators = {}
+    torch = pytest.importorskip("torch")
+    from bitfault.campaign.torch_eval import TorchEvaluator
+    from bitfault.models.torch import seed_mlp
+
+    torch.manual_seed(0)
+    evaluators["torch"] = lambda: TorchEvaluator(seed_mlp(hidden=16), x, y)
+    try:
+        from bitfault.campaign.keras_eval import KerasEvaluator
+        from bitfault.models.keras import seed_mlp as keras_mlp
+    except ImportError:  # pragma: no cover - TensorFlow is installed with the test extra
+        pass
+    else:
+        model = keras_mlp(hidden=16, seed=0)
+        evaluators["keras"] = lambda: KerasEvaluator(model, x, y)
+    trials = rate_sweep([1e-3, 1e-2], chips=3) + layer_sweep([1e-2], 2, ["fc2.weight"])
+    for name, make in evaluators.items():
+        for k, spec in enumerate(specs):
+            local = run(make(), trials, spec, tmp_path / f"{name}{k}-local.db", batch=2)
+            remote = run(make(), trials, spec, tmp_path / f"{name}{k}-ray.db", batch=2,
+                         executor="ray")
+            assert remote.ran == len(trials)
+            assert _metrics(remote) == _metrics(local), (name, spec)
