@@ -43,21 +43,32 @@ def check_map_fits(fmap: FaultMap, shape: tuple[int, ...], fmt: Format,
                          f"bit of a {fmt.bits}-bit word of {type(fmt).__name__}")
 
 
+def _eligible_faults(fmap: FaultMap, shape: tuple[int, ...], fmt: Format, fault: FaultModel,
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """The flat indices of ``fmap``'s elements with a bit ``fault`` may touch, and those bits
+    (uint32); checks the fault model and that the map fits ``shape`` in ``fmt``."""
+    if not isinstance(fault, _FaultBase):
+        raise TypeError(f"fault must be BitFlip() or StuckAt(0|1), got {fault!r}")
+    check_map_fits(fmap, shape, fmt)
+    masks = fmap.masks & np.uint32(fault.eligible_mask(fmt))
+    keep = masks != 0
+    return fmap.indices[keep], masks[keep]
+
+
+def _as_words(masks: np.ndarray, container: np.dtype) -> np.ndarray:
+    """uint32 bit masks as words of ``container`` (the same bits)."""
+    return masks.astype(f"u{container.itemsize}").view(container)
+
+
 def fault_words(words: np.ndarray, fmt: Format, fault: FaultModel,
                 fmap: FaultMap) -> tuple[np.ndarray, InjectionStats]:
     """Apply ``fault`` at ``fmap``'s bits to a copy of ``words``; also return what changed."""
-    if not isinstance(fault, _FaultBase):
-        raise TypeError(f"fault must be BitFlip() or StuckAt(0|1), got {fault!r}")
-    check_map_fits(fmap, words.shape, fmt)
-    masks = fmap.masks & np.uint32(fault.eligible_mask(fmt))
-    keep = masks != 0
-    idx, masks = fmap.indices[keep], masks[keep]
+    idx, masks = _eligible_faults(fmap, words.shape, fmt, fault)
     container = words.dtype
     out = np.array(words, copy=True, order="C")  # C order: reshape(-1) below is a view
     flat = out.reshape(-1)
     before = flat[idx]
-    m = masks.astype(f"u{container.itemsize}").view(container)
-    after = fault.apply(before, m)
+    after = fault.apply(before, _as_words(masks, container))
     flat[idx] = after
     changed = np.bitwise_xor(before, after).view(f"u{container.itemsize}")
     stats = InjectionStats(
@@ -128,15 +139,8 @@ class StoredArray:
                         fmap: FaultMap) -> tuple[np.ndarray, np.ndarray]:
         """Flat indices of the elements ``fmap`` faults (bits ``fault`` may touch) and their
         faulty values; every other element keeps its value in ``values``."""
-        if not isinstance(fault, _FaultBase):
-            raise TypeError(f"fault must be BitFlip() or StuckAt(0|1), got {fault!r}")
-        check_map_fits(fmap, self.shape, self.fmt)
-        masks = fmap.masks & np.uint32(fault.eligible_mask(self.fmt))
-        keep = masks != 0
-        idx = fmap.indices[keep]
-        container = self.words.dtype
-        m = masks[keep].astype(f"u{container.itemsize}").view(container)
-        words = fault.apply(self.words[idx], m)
+        idx, masks = _eligible_faults(fmap, self.shape, self.fmt, fault)
+        words = fault.apply(self.words[idx], _as_words(masks, self.words.dtype))
         params = self.params
         if params is not None and np.ndim(params.scale):
             params = QuantParams(params.scale[idx], params.zero_point[idx])
