@@ -74,6 +74,7 @@ class KerasEvaluator:
         self._memories: dict[tuple[str, str], dict[str, _Memory]] = {}
         self._holds: dict[str, Any] = {}  # (backends but TensorFlow) what each variable holds
         self.fast_paths = bool(fast_paths)
+        self._on_tf = keras.backend.backend() == "tensorflow"  # fixed for the process
         self._forward: Any = None
         self._batches: list[Any] | None = None
         self._tails: dict[str, Any] = {}  # name -> traced run from its layer on (None: none)
@@ -107,7 +108,7 @@ class KerasEvaluator:
         return out
 
     def _fast(self) -> bool:
-        return self.fast_paths and keras.backend.backend() == "tensorflow"
+        return self.fast_paths and self._on_tf
 
     def _predict_fast(self, key: tuple[str, str], kernels: list[Any],
                       faulty: list[str]) -> np.ndarray:
@@ -117,18 +118,15 @@ class KerasEvaluator:
                 self._golden[key] = self._predict_labels(kernels)
             return self._golden[key].copy()
         if len(faulty) == 1 and (tail := self._tail(faulty[0])) is not None:
-            name = faulty[0]
+            name, values = faulty[0], self._values(kernels)
             if (key, name) not in self._inputs:  # fault-free activations at its input
-                head, values = tail[0], self._values(kernels)
-                inputs = [head(b, values) for b in self._batches]
+                inputs = [tail[0](b, values) for b in self._batches]
                 cached = sum(h.shape.num_elements() * h.dtype.size for h in inputs)
                 cached += sum(h.shape.num_elements() * h.dtype.size
                               for hs in self._inputs.values() if hs for h in hs)
                 self._inputs[(key, name)] = inputs if cached <= self.max_bytes else None
             if self._inputs[(key, name)] is not None:
-                values = self._values(kernels)
-                return np.concatenate([predicted_labels(np.asarray(tail[1](h, values)))
-                                       for h in self._inputs[(key, name)]])
+                return _labels([tail[1](h, values) for h in self._inputs[(key, name)]])
         return self._predict_labels(kernels)
 
     def _tail(self, name: str) -> tuple[Any, Any] | None:
@@ -197,7 +195,7 @@ class KerasEvaluator:
         assigned when its value changes."""
         if self._forward is None:
             self._trace()
-        if keras.backend.backend() == "tensorflow":
+        if self._on_tf:
             values = self._values(kernels)
             logits = [self._forward(b, values) for b in self._batches]
         else:
@@ -206,12 +204,12 @@ class KerasEvaluator:
                     slot.variable.assign(k if isinstance(k, np.ndarray) else k.keras_values)
                     self._holds[name] = None if isinstance(k, np.ndarray) else k
             logits = [self._forward(b) for b in self._batches]
-        return np.concatenate([predicted_labels(np.asarray(z)) for z in logits])
+        return _labels(logits)
 
     def _trace(self) -> None:
         model = self._model
         batches = [self.x[i:i + self.batch_size] for i in range(0, len(self.x), self.batch_size)]
-        if keras.backend.backend() != "tensorflow":
+        if not self._on_tf:
             self._forward = lambda x: model(x, training=False)
             self._batches = batches
             return
@@ -227,6 +225,11 @@ class KerasEvaluator:
 
     def data_digest(self) -> str:
         return digest_arrays({"x": self.x, "y": self.labels})
+
+
+def _labels(logits: list[Any]) -> np.ndarray:
+    """Predicted labels of the batches' logits, in order."""
+    return np.concatenate([predicted_labels(np.asarray(z)) for z in logits])
 
 
 class _Memory:
