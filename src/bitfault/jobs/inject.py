@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from bitfault.maps import FaultMap
 from bitfault.spec import FaultSpec
 
 FRAMEWORK_BY_SUFFIX = {".pt": "torch", ".pth": "torch", ".keras": "keras"}
+Saver = Callable[[str], Any]
 
 
 def load_spec(source: str | os.PathLike[str] | FaultSpec | dict[str, Any]) -> FaultSpec:
@@ -81,6 +82,31 @@ def detect_framework(model_file: str | os.PathLike[str], framework: str | None) 
     return framework or found
 
 
+def check_output(model_file: str | os.PathLike[str], output: str | os.PathLike[str]) -> None:
+    """Refuse an output that is the input model (also through another path or a link) or a
+    directory: the clean weights must survive."""
+    if os.path.isdir(output):
+        raise IsADirectoryError(f"--output {os.fspath(output)}: is a directory; give the file "
+                                "to write")
+    if os.path.exists(output) and os.path.samefile(model_file, output):
+        raise ValueError(f"--output {os.fspath(output)}: is the input model "
+                         f"{os.fspath(model_file)}; writing the faulty copy there would "
+                         "replace the clean weights (choose another output path)")
+
+
+def write_atomically(output: str | os.PathLike[str], save: Callable[[str], Any]) -> None:
+    """``save(tmp)`` into a temporary file beside ``output``, then rename it over ``output``:
+    a failed or killed write leaves ``output`` as it was."""
+    target = Path(output)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.stem}.{os.getpid()}.tmp{target.suffix}")
+    try:
+        save(str(tmp))
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def inject_file(model_file: str | os.PathLike[str], output: str | os.PathLike[str], *,
                 spec: Any = None, maps: Sequence[str | os.PathLike[str]] = (),
                 framework: str | None = None) -> dict[str, Any]:
@@ -102,11 +128,14 @@ def inject_file(model_file: str | os.PathLike[str], output: str | os.PathLike[st
         raise ValueError("spec targets 'activations': activation faults happen at run time "
                          "(bitfault.torch.inject_ / bitfault.keras.inject); a saved model "
                          "holds weights and biases only")
-    Path(output).parent.mkdir(parents=True, exist_ok=True)
+    check_output(model_file, output)
+    if framework == "keras" and not os.fspath(output).endswith(".keras"):
+        raise ValueError(f"{os.fspath(output)}: a Keras model is written as a .keras file")
     if framework == "torch":
-        tensors = _inject_torch(model_file, output, fspec)
+        tensors, save = _inject_torch(model_file, fspec)
     else:
-        tensors = _inject_keras(model_file, output, fspec)
+        tensors, save = _inject_keras(model_file, fspec)
+    write_atomically(output, save)
     return {"input": os.fspath(model_file), "output": os.fspath(output),
             "framework": framework, "format": fspec.format.to_dict(),
             "fault": fspec.fault.to_dict(), "tensors": tensors,
@@ -128,7 +157,7 @@ def _check_names(wanted: list[str], available: list[str]) -> None:
                          f"tensors are {sorted(available)}")
 
 
-def _inject_torch(model_file: Any, output: Any, spec: FaultSpec) -> dict[str, Any]:
+def _inject_torch(model_file: Any, spec: FaultSpec) -> tuple[dict[str, Any], Saver]:
     import torch
 
     try:
@@ -162,18 +191,15 @@ def _inject_torch(model_file: Any, output: Any, spec: FaultSpec) -> dict[str, An
             else t.detach().numpy()
         faulty, tensors[name] = _apply(name, clean, spec)
         out[name] = torch.from_numpy(faulty).to(t.dtype)
-    torch.save(out, output)
-    return tensors
+    return tensors, lambda path: torch.save(out, path)
 
 
-def _inject_keras(model_file: Any, output: Any, spec: FaultSpec) -> dict[str, Any]:
+def _inject_keras(model_file: Any, spec: FaultSpec) -> tuple[dict[str, Any], Saver]:
     import keras
 
     from bitfault.keras.inject import walk_layers
     from bitfault.keras.layouts import is_supported, plan_slots
 
-    if not os.fspath(output).endswith(".keras"):
-        raise ValueError(f"{os.fspath(output)}: a Keras model is written as a .keras file")
     try:
         model = keras.saving.load_model(model_file, compile=False)
     except Exception as exc:
@@ -195,8 +221,8 @@ def _inject_keras(model_file: Any, output: Any, spec: FaultSpec) -> dict[str, An
     for name, slot in slots.items():
         faulty, tensors[name] = _apply(name, slot.to_torch(slot.variable.numpy()), spec)
         slot.variable.assign(slot.to_keras(faulty))
-    model.save(output)
-    return tensors
+    return tensors, model.save
 
 
-__all__ = ["detect_framework", "inject_file", "load_spec"]
+__all__ = ["check_output", "detect_framework", "inject_file", "load_spec",
+           "write_atomically"]
