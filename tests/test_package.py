@@ -39,3 +39,14 @@ def test_public_names():
     assert {"FixedPoint", "IntQuant", "Float", "BitFlip", "StuckAt", "FaultMap", "FaultSpec",
             "inject", "inject_with_stats", "InjectionStats"} <= set(bitfault.__all__)
     assert isinstance(bitfault.__version__, str) and bitfault.__version__.count(".") == 2
+
+
+def test_framework_test_folders_never_pass_for_the_frameworks():
+    """tests/torch and tests/keras are on sys.path's tests/ entry: without the real
+    framework they must not be found as (empty namespace) packages, or the framework
+    tests would be collected and fail instead of skipping (the framework-free CI run)."""
+    import importlib.util
+
+    for name in ("torch", "keras", "tensorflow"):
+        spec = importlib.util.find_spec(name)
+        assert spec is None or spec.origin is not None, f"{name} resolves to {spec}"
