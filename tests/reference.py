@@ -190,19 +190,20 @@ def fixed_point_value(word: int, bits: int, frac: int) -> float:
 # ---- integer quantisation --------------------------------------------------------------------
 
 
+INT_QUANT_MIN_SCALE = 2.0 ** -23  # float32 eps: torch.ao's floor on a scale
+
+
 def int_quant_params(values: Sequence[float], bits: int, symmetric: bool) -> tuple[float, int]:
-    """(scale, zero point) of a clean slice of values, by the formulas of the issue."""
+    """(scale, zero point) of a clean slice of values, by the formulas of the issue; the
+    scale is floored at float32 eps (an all-zero slice: scale 2**-23, zero point 0)."""
     if symmetric:
         qmax = (1 << (bits - 1)) - 1
         amax = max((abs(v) for v in values), default=0.0)
-        scale = amax / qmax
-        return (scale if scale > 0 else 1.0), 0
+        return max(amax / qmax, INT_QUANT_MIN_SCALE), 0
     qmax = (1 << bits) - 1
     xmin = min(min(values, default=0.0), 0.0)
     xmax = max(max(values, default=0.0), 0.0)
-    scale = (xmax - xmin) / qmax
-    if not scale > 0:
-        return 1.0, 0
+    scale = max((xmax - xmin) / qmax, INT_QUANT_MIN_SCALE)
     zero = round(0 - xmin / scale)  # round(): ties to even, like the hardware's rint
     return scale, max(0, min(qmax, zero))
 

@@ -170,7 +170,7 @@ def test_int_quant_matches_reference(bits, symmetric, codes, per_channel, roundi
     x = (rng.normal(0, 1, (5, 7)) * rng.uniform(0.01, 3, (5, 1))).astype(np.float32)
     x[0, :3] = [0.0, -0.0, F32_TINY_SUB]
     x[1] = np.abs(x[1])  # a channel with no negative value
-    x[2] = 0.0  # an all-zero channel: scale 1
+    x[2] = 0.0  # an all-zero channel: scale float32 eps
     x[3, 4] = -F32_TINY_SUB
     channel, slices = _slices(x, fmt.axis)
     params_ref = [ref.int_quant_params(s, bits, symmetric) for s in slices]
@@ -255,6 +255,62 @@ def test_int_quant_properties():
     assert {k: list(v) for k, v in IntQuant(12).bit_fields.items()} == {
         k: fields[k] for k in ("sign", "magnitude")}
     assert IntQuant(12).container == np.int16
+
+
+def _torch_observer(symmetric: bool, per_channel: bool):
+    """torch.ao's min/max observer for IntQuant(8, symmetric) (restricted -127..127 range)."""
+    torch = pytest.importorskip("torch")
+    from torch.ao.quantization import MinMaxObserver, PerChannelMinMaxObserver
+
+    if symmetric:
+        kw = dict(dtype=torch.qint8, quant_min=-127, quant_max=127,
+                  qscheme=torch.per_channel_symmetric if per_channel
+                  else torch.per_tensor_symmetric)
+    else:
+        kw = dict(dtype=torch.quint8, quant_min=0, quant_max=255,
+                  qscheme=torch.per_channel_affine if per_channel else torch.per_tensor_affine)
+    return PerChannelMinMaxObserver(ch_axis=0, **kw) if per_channel else MinMaxObserver(**kw)
+
+
+@pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor:UserWarning")
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_int_quant_zero_scale_is_torch_eps_floor(symmetric, per_channel, rng):
+    torch = pytest.importorskip("torch")
+    x = rng.normal(0, 0.1, (4, 6)).astype(np.float32)
+    x[1] = 0.0  # a pruned row
+    x[2] = np.float32([1e-9, -3e-10, 0, 0, 2e-10, 0])  # below the floor
+    cases = [x] if per_channel else [np.zeros(5, np.float32), x[2]]
+    for arr in cases:
+        fmt = IntQuant(8, symmetric=symmetric, per_channel=per_channel)
+        params = fmt.calibrate(arr)
+        obs = _torch_observer(symmetric, per_channel)
+        obs(torch.from_numpy(arr))
+        t_scale, t_zero = obs.calculate_qparams()
+        ours = params.scale.ravel()
+        floored = t_scale.numpy() == np.float32(fmt.min_scale)
+        assert floored.any() and np.all(ours[floored] == fmt.min_scale)
+        assert np.allclose(ours, t_scale.numpy(), rtol=1e-6)
+        assert np.array_equal(params.zero_point.ravel(), t_zero.numpy().ravel())
+        qt = torch.quint8 if not symmetric else torch.qint8
+        if per_channel:
+            qx = torch.quantize_per_channel(torch.from_numpy(arr), t_scale.double(), t_zero,
+                                            0, qt)
+        else:
+            qx = torch.quantize_per_tensor(torch.from_numpy(arr), float(t_scale), int(t_zero), qt)
+        words = fmt.encode(arr, params)
+        rows = floored if per_channel else slice(None)
+        assert np.array_equal(words.view(qx.int_repr().numpy().dtype)[rows],
+                              qx.int_repr().numpy()[rows])
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_int_quant_flipped_top_bit_in_a_zero_tensor_stays_tiny(symmetric):
+    fmt = IntQuant(8, symmetric=symmetric)
+    bias = np.zeros(4, np.float32)
+    params = fmt.calibrate(bias)
+    words = fmt.encode(bias, params) ^ fmt.container.type(-128)
+    assert np.all(np.abs(fmt.decode(words, params)) <= 128 * 2.0**-23)
 
 
 # ---- Float ---------------------------------------------------------------------------------------

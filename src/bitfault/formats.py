@@ -270,6 +270,8 @@ class IntQuant(_FormatBase):
 
     symmetric: ``q = round(x / s)`` in [-(2**(b-1)-1), 2**(b-1)-1], ``s = max|x| / (2**(b-1)-1)``.
     asymmetric: ``q = round(x / s) + z`` in [0, 2**b - 1], ``s = (max - min) / (2**b - 1)``.
+    ``s`` is at least ``min_scale`` (float32 eps, torch.ao's floor), so an all-zero
+    tensor or channel gets ``s = 2**-23`` and a flipped code in it stays tiny.
     ``per_channel``: False (one scale per tensor), True (per slice along axis 0) or an
     axis. ``codes``: how a code is laid out in memory, "signed" two's complement or
     "unsigned" offset binary (a symmetric code is stored as ``q + 2**(b-1)``; an
@@ -285,6 +287,7 @@ class IntQuant(_FormatBase):
     rounding: Rounding = "nearest"
     codes: Literal["signed", "unsigned"] | None = None
     kind: ClassVar[str] = "int_quant"
+    min_scale: ClassVar[float] = float(np.finfo(np.float32).eps)
 
     def __post_init__(self) -> None:
         if isinstance(self.bits, bool) or not isinstance(self.bits, (int, np.integer)):
@@ -366,15 +369,13 @@ class IntQuant(_FormatBase):
             return QuantParams(np.asarray(1.0), np.asarray(0, dtype=np.int64))
         if self.symmetric:
             amax = np.max(np.abs(arr), axis=axes, keepdims=axes is not None)
-            scale = amax / hi
+            scale = np.maximum(amax / hi, self.min_scale)
             zero = np.zeros_like(scale, dtype=np.int64)
         else:
             xmin = np.minimum(np.min(arr, axis=axes, keepdims=axes is not None), 0.0)
             xmax = np.maximum(np.max(arr, axis=axes, keepdims=axes is not None), 0.0)
-            scale = (xmax - xmin) / (hi - lo)
-            safe = np.where(scale > 0, scale, 1.0)
-            zero = np.clip(np.rint(lo - xmin / safe), lo, hi).astype(np.int64)
-        scale = np.where(scale > 0, scale, 1.0)
+            scale = np.maximum((xmax - xmin) / (hi - lo), self.min_scale)
+            zero = np.clip(np.rint(lo - xmin / scale), lo, hi).astype(np.int64)
         return QuantParams(np.asarray(scale, dtype=np.float64), np.asarray(zero))
 
     def encode_counting(

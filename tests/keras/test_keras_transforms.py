@@ -78,6 +78,22 @@ def test_int_quant_per_channel_axis(axis: int) -> None:
     assert same_bits(got, bf.inject(x, fmt, bf.BitFlip(), fmap))
 
 
+@pytest.mark.parametrize("fmt", [bf.IntQuant(8), bf.IntQuant(8, symmetric=False),
+                                 bf.IntQuant(8, per_channel=True),
+                                 bf.IntQuant(4, symmetric=False, per_channel=True)], ids=repr)
+def test_int_quant_zero_and_tiny_slices_match_core(fmt) -> None:
+    """An all-zero tensor or channel (and one below the floor) gets the eps scale."""
+    x = (np.random.default_rng(5).standard_normal((6, 9)) * 0.1).astype(np.float32)
+    x[1], x[4] = 0.0, 1e-9
+    for i, arr in enumerate([x, np.zeros((6, 9), np.float32)]):
+        fmap = bf.FaultMap.random(arr.shape, fmt, ber=0.3, seed=i, name="z")
+        fn = fault_function(fmt, bf.BitFlip(), axis=fmt.axis)
+        got = run(fn, arr, fmap.to_dense(fmt.container), "xla")
+        assert same_bits(got, bf.inject(arr, fmt, bf.BitFlip(), fmap))
+        if fmt.axis is not None or not arr.any():
+            assert np.abs(got[1]).max() <= 255 * fmt.min_scale
+
+
 def test_restricted_bits_only_touch_eligible_positions() -> None:
     fmt, fault = bf.Float("float32"), bf.BitFlip(bits="sign")
     x = np.linspace(-3, 3, 100, dtype=np.float32)

@@ -94,6 +94,26 @@ def test_group_pass_over_typical_weights_matches_core(fmt):
                 assert np.array_equal(_bits(out.numpy()), _bits(expected)), (fault, big)
 
 
+@pytest.mark.parametrize("fmt", [bf.IntQuant(8), bf.IntQuant(8, symmetric=False),
+                                 bf.IntQuant(8, per_channel=True),
+                                 bf.IntQuant(4, symmetric=False, per_channel=True)], ids=repr)
+def test_int_quant_zero_and_tiny_slices_use_the_eps_scale_like_the_core(fmt):
+    x = (np.random.default_rng(5).standard_normal((6, 9)) * 0.1).astype(np.float32)
+    x[1] = 0.0
+    x[4] = 1e-9
+    tensors = [x, np.zeros((6, 9), np.float32), np.full((3, 9), -1e-10, np.float32)]
+    for i, arr in enumerate(tensors):
+        fmap = bf.FaultMap.random(arr.shape, fmt, ber=0.3, seed=i, name="z")
+        expected = bf.inject(arr, fmt, bf.BitFlip(), fmap)
+        got = inject(torch.from_numpy(arr.copy()), fmt, bf.BitFlip(), fmap).numpy()
+        faults = DeviceFaults.build([fmap], bf.BitFlip().eligible_mask(fmt), "cpu")
+        grouped = faulty_group([torch.from_numpy(arr)], fmt, bf.BitFlip(), faults)[0].numpy()
+        assert np.array_equal(_bits(got), _bits(expected))
+        assert np.array_equal(_bits(grouped), _bits(expected))
+        if not arr.any():
+            assert np.abs(got).max() <= 255 * fmt.min_scale
+
+
 @pytest.mark.parametrize("fmt", FORMATS, ids=repr)
 def test_bfloat16_is_float32_rounded_back(fmt):
     rng = np.random.default_rng(3)

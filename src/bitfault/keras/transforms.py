@@ -127,15 +127,13 @@ def int_quant_fault(fmt: IntQuant, fault: FaultModel, axis: int | None) -> Fault
         # extremes are exact in float32 (half the traffic of float64); the rest is float64
         if fmt.symmetric:
             amax = tf.reduce_max(tf.abs(x), axis=axes, keepdims=keep)
-            scale = tf.cast(amax, tf.float64) / float(hi)
+            scale = tf.maximum(tf.cast(amax, tf.float64) / float(hi), fmt.min_scale)
             zero = tf.zeros_like(scale)
         else:
             xmin = tf.cast(tf.minimum(tf.reduce_min(x, axis=axes, keepdims=keep), 0.0), tf.float64)
             xmax = tf.cast(tf.maximum(tf.reduce_max(x, axis=axes, keepdims=keep), 0.0), tf.float64)
-            scale = (xmax - xmin) / float(hi - lo)
-            safe = tf.where(scale > 0, scale, tf.ones_like(scale))
-            zero = tf.clip_by_value(tf.math.round(lo - xmin / safe), float(lo), float(hi))
-        scale = tf.where(scale > 0, scale, tf.ones_like(scale))
+            scale = tf.maximum((xmax - xmin) / float(hi - lo), fmt.min_scale)
+            zero = tf.clip_by_value(tf.math.round(lo - xmin / scale), float(lo), float(hi))
         y = _round(x64 / scale, fmt.rounding) + zero
         y = tf.where(tf.math.is_nan(y), tf.zeros_like(y), y)
         codes = tf.cast(tf.clip_by_value(y, float(lo), float(hi)), word) + offset

@@ -29,6 +29,7 @@ from bitfault.faults import BitFlip, StuckAt, _FaultBase
 from bitfault.formats import FixedPoint, IntQuant
 from bitfault.maps import FaultMap
 
+_MIN_SCALE = IntQuant.min_scale  # a global: a compile-time constant in the kernel
 
 def fault_op(fault: _FaultBase) -> int:
     """The kernels' code for a fault model: 0 xor, 1 or, 2 and-not."""
@@ -144,13 +145,13 @@ def _int_quant_kernel(x, out, channels, index, masks, op, nearest, symmetric, lo
             extremes[0], extremes[1] = _sortable(kmin), _sortable(kmax)  # an involution
         mn, mx = np.float64(extremes.view(np.float32)[0]), np.float64(extremes.view(np.float32)[1])
         if symmetric:
-            scale = max(-mn, mx) / hi
+            scale = max(max(-mn, mx) / hi, _MIN_SCALE)
             zero = 0.0
         else:
             xmin, xmax = min(mn, 0.0), max(mx, 0.0)
-            scale = (xmax - xmin) / (hi - lo)
-            zero = min(max(np.rint(lo - xmin / (scale if scale > 0 else 1.0)), lo), hi)
-        scales[c] = scale if scale > 0 else 1.0
+            scale = max((xmax - xmin) / (hi - lo), _MIN_SCALE)
+            zero = min(max(np.rint(lo - xmin / scale), lo), hi)
+        scales[c] = scale
         zeros[c] = zero
     for c in range(channels):
         s = scales[c]

@@ -205,15 +205,13 @@ def calibrate(x: torch.Tensor, fmt: IntQuant) -> Calibration:
     mn, mx = mn.to(torch.float64), mx.to(torch.float64)
     finite = torch.isfinite(mn).all() & torch.isfinite(mx).all()
     if fmt.symmetric:
-        scale = torch.maximum(mn.neg(), mx) / hi
+        scale = torch.clamp(torch.maximum(mn.neg(), mx) / hi, min=fmt.min_scale)
         zero = torch.zeros_like(scale, dtype=torch.int64)
     else:
         xmin = torch.clamp(mn, max=0.0)
         xmax = torch.clamp(mx, min=0.0)
-        scale = (xmax - xmin) / (hi - lo)
-        safe = torch.where(scale > 0, scale, 1.0)
-        zero = torch.round(lo - xmin / safe).clamp_(lo, hi).to(torch.int64)
-    scale = torch.where(scale > 0, scale, 1.0)
+        scale = torch.clamp((xmax - xmin) / (hi - lo), min=fmt.min_scale)
+        zero = torch.round(lo - xmin / scale).clamp_(lo, hi).to(torch.int64)
     return Calibration(scale, zero, finite)
 
 
@@ -401,28 +399,27 @@ def _host_calibration(x: torch.Tensor, fmt: IntQuant
         if not (math.isfinite(mn) and math.isfinite(mx)):
             return 1.0, 0, False
         if fmt.symmetric:
-            scale, zero = max(-mn, mx) / hi, 0
+            scale, zero = max(max(-mn, mx) / hi, fmt.min_scale), 0
         else:
             xmin, xmax = min(mn, 0.0), max(mx, 0.0)
-            scale = (xmax - xmin) / (hi - lo)
-            zero = min(max(round(lo - xmin / (scale if scale > 0 else 1.0)), lo), hi)
-        return (scale if scale > 0 else 1.0), zero, True
+            scale = max((xmax - xmin) / (hi - lo), fmt.min_scale)
+            zero = min(max(round(lo - xmin / scale), lo), hi)
+        return scale, zero, True
     axis = next(d for d in range(x.ndim) if d not in dims)
     mn_t, mx_t = torch.aminmax(x.movedim(axis, 0).reshape(x.shape[axis], -1), dim=1)
     mn, mx = mn_t.numpy().astype(np.float64), mx_t.numpy().astype(np.float64)
     if not (np.isfinite(mn).all() and np.isfinite(mx).all()):
         return 1.0, 0, False
     if fmt.symmetric:  # the core's formulas, on the per-channel extremes
-        scale = np.maximum(-mn, mx) / hi
+        scale = np.maximum(np.maximum(-mn, mx) / hi, fmt.min_scale)
         zero = np.zeros_like(scale, dtype=np.int64)
     else:
         xmin, xmax = np.minimum(mn, 0.0), np.maximum(mx, 0.0)
-        scale = (xmax - xmin) / (hi - lo)
-        safe = np.where(scale > 0, scale, 1.0)
-        zero = np.clip(np.rint(lo - xmin / safe), lo, hi).astype(np.int64)
+        scale = np.maximum((xmax - xmin) / (hi - lo), fmt.min_scale)
+        zero = np.clip(np.rint(lo - xmin / scale), lo, hi).astype(np.int64)
     shape = [1] * x.ndim
     shape[axis] = x.shape[axis]
-    scale = np.where(scale > 0, scale, 1.0).reshape(shape)
+    scale = scale.reshape(shape)
     return torch.from_numpy(scale), torch.from_numpy(zero.reshape(shape)), True
 
 
