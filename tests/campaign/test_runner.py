@@ -163,3 +163,40 @@ def test_summary_across_chips(evaluator: NumpyEvaluator, tmp_path: Path) -> None
     assert result.summary("robust_error")[0]["mean"] >= 1 - result.clean["accuracy"]
     with pytest.raises(KeyError, match="not recorded"):
         result.summary("f1")
+
+
+def _garble(path: Path, at: float) -> None:
+    """Overwrite 4 KiB at fraction ``at`` of the file (after a checkpoint) with noise."""
+    with sqlite3.connect(path) as db:
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    data = bytearray(path.read_bytes())
+    start = int(len(data) * at)
+    data[start:start + 4096] = np.random.default_rng(0).bytes(4096)
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("at", [0.25, 0.5, 0.9])
+def test_a_store_garbled_mid_file_is_one_store_error(tmp_path: Path, at: float) -> None:
+    """Not a raw sqlite3.DatabaseError at some later read: a StoreError naming the file,
+    raised on opening, before any trial runs."""
+    path = tmp_path / "c.db"
+    with CampaignStore(path, "abc") as db:
+        db.add_many([{"trial_key": f"t{i:05d}", "kind": "rate", "metrics": {"pad": "x" * 300}}
+                     for i in range(3000)])
+    _garble(path, at)
+    with pytest.raises(StoreError, match=rf"^{path}: .*malformed") as info:
+        with CampaignStore(path, "abc") as db:
+            db.done_keys()
+            list(db.records())
+    assert "\n" not in str(info.value)
+
+
+def test_store_errors_after_opening_name_the_store(tmp_path: Path) -> None:
+    path = tmp_path / "c.db"
+    with CampaignStore(path, "abc") as db:
+        db.add({"trial_key": "a", "kind": "rate", "metrics": {}})
+        db._db.execute("DROP TABLE trials")  # what a damaged page would make unreadable
+        for call in (db.done_keys, db.__len__, lambda: list(db.records()),
+                     lambda: db.add({"trial_key": "b", "kind": "rate", "metrics": {}})):
+            with pytest.raises(StoreError, match=rf"^{path}: the campaign store cannot be read"):
+                call()

@@ -16,6 +16,7 @@ import os
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,6 +85,17 @@ class StoreError(ValueError):
     """A store that cannot be used for this campaign."""
 
 
+@contextmanager
+def _sqlite_errors(path: str) -> Iterator[None]:
+    """SQLite's errors (a damaged file, a locked or read-only one) as one StoreError line
+    naming the store."""
+    try:
+        yield
+    except sqlite3.DatabaseError as exc:  # OperationalError too
+        raise StoreError(f"{path}: the campaign store cannot be read or written ({exc}); "
+                         "if it is damaged, move it aside and rerun") from None
+
+
 class CampaignStore:
     """An open campaign store; use as a context manager or call ``close()``."""
 
@@ -101,8 +113,20 @@ class CampaignStore:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.executescript(_SCHEMA)
+            # a file garbled mid-way fails here, before any trial runs, not at a later read
+            problem = self._db.execute("PRAGMA quick_check(1)").fetchone()[0]
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{self.path}: not a usable SQLite store ({exc})") from None
+        if problem != "ok":
+            self._db.close()
+            detail = [line for line in problem.splitlines() if not line.startswith("***")]
+            raise StoreError(f"{self.path}: damaged SQLite store (database disk image is "
+                             f"malformed: {' '.join(detail[:1]) or problem}); move it aside "
+                             "and rerun")
+        with _sqlite_errors(self.path):
+            self._open(campaign, description, append)
+
+    def _open(self, campaign: str, description: dict[str, Any] | None, append: bool) -> None:
         row = self._db.execute("SELECT value FROM campaign WHERE key='digest'").fetchone()
         if row is None:
             self._db.execute("BEGIN IMMEDIATE")
@@ -129,15 +153,16 @@ class CampaignStore:
         """Commit trials that finished together in one transaction (all of them or none);
         returns how many were new."""
         rows = [self._row(r) for r in records]
-        before = self._db.total_changes
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            self._db.executemany(_INSERT, rows)
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
-        return self._db.total_changes - before
+        with _sqlite_errors(self.path):
+            before = self._db.total_changes
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.executemany(_INSERT, rows)
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+            return self._db.total_changes - before
 
     def _row(self, record: dict[str, Any]) -> list[Any]:
         values = {c: record.get(c) for c in COLUMNS}
@@ -148,21 +173,27 @@ class CampaignStore:
     # ---- reading ---------------------------------------------------------------------------
 
     def done_keys(self) -> set[str]:
-        return {r[0] for r in self._db.execute("SELECT trial_key FROM trials")}
+        with _sqlite_errors(self.path):
+            return {r[0] for r in self._db.execute("SELECT trial_key FROM trials")}
 
     def __len__(self) -> int:
-        return int(self._db.execute("SELECT COUNT(*) FROM trials").fetchone()[0])
+        with _sqlite_errors(self.path):
+            return int(self._db.execute("SELECT COUNT(*) FROM trials").fetchone()[0])
 
     def records(self) -> Iterator[TrialRecord]:
         """Every stored trial, in key order."""
-        cur = self._db.execute(f"SELECT {', '.join(COLUMNS)} FROM trials ORDER BY trial_key")
-        for row in cur:
-            data = dict(zip(COLUMNS, row, strict=True))
-            data["metrics"] = json.loads(data["metrics"])
-            yield TrialRecord(**data)
+        with _sqlite_errors(self.path):
+            cur = self._db.execute(f"SELECT {', '.join(COLUMNS)} FROM trials "
+                                   "ORDER BY trial_key")
+            for row in cur:
+                data = dict(zip(COLUMNS, row, strict=True))
+                data["metrics"] = json.loads(data["metrics"])
+                yield TrialRecord(**data)
 
     def description(self) -> dict[str, Any]:
-        row = self._db.execute("SELECT value FROM campaign WHERE key='description'").fetchone()
+        with _sqlite_errors(self.path):
+            row = self._db.execute("SELECT value FROM campaign WHERE key='description'"
+                                   ).fetchone()
         return json.loads(row[0]) if row else {}
 
     # ---- export ----------------------------------------------------------------------------
