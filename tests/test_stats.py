@@ -8,7 +8,11 @@ import numpy as np
 import pytest
 
 from bitfault.stats import (
+    bounded_mean_interval,
     fault_injection_sample_size,
+    format_rate,
+    format_rates,
+    metric_bounds,
     normal_quantile,
     robust_error,
     summarize,
@@ -80,6 +84,71 @@ def test_summarize_fields() -> None:
     assert (s.ci_low, s.ci_high) == pytest.approx((0.7 - half, 0.7 + half))
     with pytest.raises(ValueError, match="empty"):
         summarize([])
+
+
+def test_bounded_interval_stays_in_bounds_for_few_skewed_chips() -> None:
+    # Three chips near zero accuracy: Student's t gives ci_low < 0 (issue 14, item 10).
+    assert summarize([0.0, 0.02, 0.11]).ci_low < 0
+    s = summarize([0.0, 0.02, 0.11], bounds=(0.0, 1.0))
+    assert 0.0 <= s.ci_low <= s.mean <= s.ci_high <= 1.0
+    assert s.ci_method == "wilson_effective_n"
+    top = summarize([1.0, 0.99, 0.9], bounds=(0.0, 1.0))
+    assert 0.0 <= top.ci_low <= top.mean <= top.ci_high <= 1.0
+    other = summarize([2.0, 2.5, 9.0], bounds=(2.0, 10.0))
+    assert 2.0 <= other.ci_low <= other.mean <= other.ci_high <= 10.0
+
+
+@pytest.mark.parametrize("value", [0.0, 0.4, 1.0])
+def test_bounded_interval_of_equal_values_is_the_value(value: float) -> None:
+    s = summarize([value] * 4, bounds=(0.0, 1.0))
+    assert (s.ci_low, s.mean, s.ci_high) == (value, value, value)
+
+
+def test_bounded_interval_one_chip_is_the_whole_range() -> None:
+    s = summarize([0.3], bounds=(0.0, 1.0))
+    assert (s.ci_low, s.ci_high) == (0.0, 1.0)
+
+
+def test_bounded_interval_contains_the_mean_and_matches_t_in_the_middle() -> None:
+    rng = np.random.Generator(np.random.PCG64(3))
+    for _ in range(300):
+        n = int(rng.integers(2, 12))
+        v = rng.beta(rng.uniform(0.2, 5), rng.uniform(0.2, 5), size=n)
+        s = summarize(v, bounds=(0.0, 1.0))
+        assert 0.0 <= s.ci_low <= s.mean <= s.ci_high <= 1.0
+    v = rng.normal(0.5, 0.01, size=200)  # far from the bounds: the t-interval
+    t, b = summarize(v), summarize(v, bounds=(0.0, 1.0))
+    assert (b.ci_low, b.ci_high) == pytest.approx((t.ci_low, t.ci_high), abs=1e-4)
+
+
+def test_bounded_interval_coverage_near_zero_by_simulation() -> None:
+    rng = np.random.Generator(np.random.PCG64(11))
+    hits = 0
+    for _ in range(2000):
+        s = summarize(rng.beta(1.0, 19.0, size=5), bounds=(0.0, 1.0))
+        hits += s.ci_low <= 0.05 <= s.ci_high
+    assert 0.91 <= hits / 2000 <= 0.97
+
+
+def test_bounded_interval_errors() -> None:
+    with pytest.raises(ValueError, match="within bounds"):
+        summarize([0.5, 1.2], bounds=(0.0, 1.0))
+    with pytest.raises(ValueError, match="bounds"):
+        summarize([0.5], bounds=(1.0, 0.0))
+    with pytest.raises(ValueError, match="confidence"):
+        bounded_mean_interval(0.5, 0.1, 3, 0.0, 1.0, confidence=0.0)
+    assert metric_bounds("accuracy") == (0.0, 1.0) and metric_bounds("loss") is None
+
+
+def test_format_rates_keeps_distinct_rates_distinct() -> None:
+    # 0.1 and 0.15 both printed as 1e-01 with {:.0e} (issue 14, item 11).
+    assert format_rates([1e-4, 1e-3, 0.1, 0.15, 0.0]) == ["1e-04", "1e-03", "1e-01",
+                                                          "1.5e-01", "0"]
+    assert format_rates([10**-2.5]) == ["3.162e-03"]
+    close = format_rates([1e-3, 1.00001e-3])
+    assert len(set(close)) == 2 and float(close[1]) == 1.00001e-3
+    assert format_rates([0.2, 0.2]) == ["2e-01", "2e-01"]
+    assert format_rate(2e-3) == "2e-03"
 
 
 def test_robust_error_counts_either_mistake() -> None:

@@ -1,8 +1,11 @@
 """Statistics for fault campaigns, in NumPy and the standard library only.
 
 - ``wilson_interval``: a per-trial accuracy's confidence interval (binomial, Wilson score).
-- ``summarize``: across chips, mean, std, min, max, percentiles and a Student-t
-  confidence interval of the mean.
+- ``summarize``: across chips, mean, std, min, max, percentiles and a confidence
+  interval of the mean: Student-t, or for a metric bounded in [lo, hi] (accuracy in
+  [0, 1]) a Wilson score interval at the chips' effective sample size, inside the bounds.
+- ``metric_bounds``: the bounds of bitfault's own metrics (accuracy, robust error).
+- ``format_rates``: the shortest labels that keep a sweep's distinct rates distinct.
 - ``robust_error``: the bit-error-robustness definition (Stutz et al., MLSys 2021): an
   example counts as wrong if it is misclassified with or without faults.
 - ``fault_injection_sample_size``: how many faults to inject for a margin of error at a
@@ -141,28 +144,118 @@ class Summary:
     ci_low: float
     ci_high: float
     confidence: float
+    ci_method: str = "student_t"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def summarize(values: Any, confidence: float = 0.95) -> Summary:
-    """Summary of per-chip values; the mean's CI uses Student's t (std with ddof=1)."""
+METRIC_BOUNDS: dict[str, tuple[float, float]] = {"accuracy": (0.0, 1.0),
+                                                 "robust_error": (0.0, 1.0)}
+
+
+def metric_bounds(metric: str) -> tuple[float, float] | None:
+    """The range of one of bitfault's metrics ("accuracy", "robust_error"); None if unknown."""
+    return METRIC_BOUNDS.get(metric)
+
+
+def _check_bounds(bounds: Any, v: np.ndarray) -> tuple[float, float]:
+    try:
+        lo, hi = (float(b) for b in bounds)
+    except (TypeError, ValueError):
+        raise ValueError(f"bounds must be None or (lo, hi) with lo < hi, got {bounds!r}") from None
+    if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+        raise ValueError(f"bounds must be None or (lo, hi) with lo < hi, got {bounds!r}")
+    if v.min() < lo or v.max() > hi:
+        raise ValueError(f"values must lie within bounds [{lo:g}, {hi:g}], got "
+                         f"[{v.min():g}, {v.max():g}]")
+    return lo, hi
+
+
+def bounded_mean_interval(mean: float, std: float, n: int, lo: float, hi: float,
+                          confidence: float = 0.95) -> tuple[float, float]:
+    """CI of the mean of ``n`` values in [lo, hi] (sample ``std``, ddof=1), inside [lo, hi].
+
+    The Wilson score interval of a proportion ``p = (mean - lo) / (hi - lo)`` at the
+    effective sample size ``p (1 - p) / se**2`` (``se = std / sqrt(n)`` scaled the same
+    way), with Student's t quantile at ``n - 1`` degrees of freedom in place of z. Away
+    from the bounds it is the Student-t interval; near them it is asymmetric and never
+    leaves them. One value gives [lo, hi]; equal values give [mean, mean].
+    """
+    _check_confidence(confidence)
+    if n < 2:
+        return lo, hi
+    width = hi - lo
+    p = min(1.0, max(0.0, (mean - lo) / width))
+    se2 = (std / width) ** 2 / n
+    if se2 == 0.0 or p in (0.0, 1.0):
+        return mean, mean
+    n_eff = p * (1.0 - p) / se2
+    z = t_quantile(0.5 + confidence / 2.0, n - 1)
+    denom = 1.0 + z * z / n_eff
+    centre = (p + z * z / (2.0 * n_eff)) / denom
+    half = z * math.sqrt(p * (1.0 - p) / n_eff + z * z / (4.0 * n_eff * n_eff)) / denom
+    low, high = max(0.0, centre - half), min(1.0, centre + half)
+    return min(mean, lo + width * low), max(mean, lo + width * high)
+
+
+def summarize(values: Any, confidence: float = 0.95,
+              bounds: tuple[float, float] | None = None) -> Summary:
+    """Summary of per-chip values (std with ddof=1) and a CI of their mean.
+
+    Without ``bounds``: Student's t. With ``bounds=(lo, hi)`` (every value must lie in
+    them): ``bounded_mean_interval``, which stays inside them.
+    """
     _check_confidence(confidence)
     v = np.asarray(values, dtype=np.float64).ravel()
     if v.size == 0:
         raise ValueError("values must not be empty")
     if not np.all(np.isfinite(v)):
         raise ValueError("values must be finite")
+    limits = None if bounds is None else _check_bounds(bounds, v)
     mean = float(v.mean())
     std = float(v.std(ddof=1)) if v.size > 1 else 0.0
-    if v.size > 1:
-        half = t_quantile(0.5 + confidence / 2.0, v.size - 1) * std / math.sqrt(v.size)
-    else:
-        half = math.inf
     p = np.percentile(v, [5, 25, 50, 75, 95])
+    if limits is not None:
+        mean = min(limits[1], max(limits[0], mean))  # a float sum can step past a bound
+        low, high = bounded_mean_interval(mean, std, int(v.size), *limits, confidence)
+        method = "wilson_effective_n"
+    else:
+        half = (t_quantile(0.5 + confidence / 2.0, v.size - 1) * std / math.sqrt(v.size)
+                if v.size > 1 else math.inf)
+        low, high, method = mean - half, mean + half, "student_t"
     return Summary(int(v.size), mean, std, float(v.min()), float(v.max()), *map(float, p),
-                   mean - half, mean + half, confidence)
+                   low, high, confidence, method)
+
+
+def format_rates(rates: Any) -> list[str]:
+    """Labels for ``rates`` that keep distinct rates distinct: each rate exactly, in as few
+    digits as it needs (``1e-04``, ``1.5e-01``), rounded to 4 significant digits only
+    where that still tells the sweep's rates apart (``3.162e-03`` for 10**-2.5)."""
+    values = [float(r) for r in np.asarray(rates, dtype=np.float64).ravel()]
+    exact = [next(d for d in range(17) if float(_rate_label(r, d)) == r)
+             if math.isfinite(r) else 0 for r in values]
+    for cap in range(3, 17):
+        labels = [_rate_label(r, min(d, cap)) for r, d in zip(values, exact, strict=True)]
+        if len(set(labels)) == len(set(values)):
+            return labels
+    return labels  # cap 16 is exact for every float: already distinct
+
+
+def format_rate(rate: float) -> str:
+    """One rate as ``format_rates`` writes it: ``1e-04``, ``1.5e-01``, ``0``."""
+    return format_rates([rate])[0]
+
+
+def _rate_label(rate: float, digits: int) -> str:
+    if rate == 0:
+        return "0"
+    if not math.isfinite(rate):
+        return str(rate)
+    mantissa, exponent = f"{rate:.{digits}e}".split("e")
+    if "." in mantissa:
+        mantissa = mantissa.rstrip("0").rstrip(".")
+    return f"{mantissa}e{exponent}"
 
 
 def robust_error(labels: Any, clean_predictions: Any, faulty_predictions: Any) -> float:
@@ -195,5 +288,6 @@ def fault_injection_sample_size(population: int, margin: float = 0.01,
     return min(int(population), math.ceil(n - 1e-9))
 
 
-__all__ = ["Summary", "fault_injection_sample_size", "normal_quantile", "robust_error",
+__all__ = ["METRIC_BOUNDS", "Summary", "bounded_mean_interval", "fault_injection_sample_size",
+           "format_rate", "format_rates", "metric_bounds", "normal_quantile", "robust_error",
            "summarize", "t_quantile", "wilson_interval"]

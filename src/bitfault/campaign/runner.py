@@ -31,7 +31,7 @@ from bitfault.formats import FixedPoint, Float
 from bitfault.inject import inject
 from bitfault.maps import FaultMap
 from bitfault.spec import FaultSpec
-from bitfault.stats import robust_error, summarize
+from bitfault.stats import metric_bounds, robust_error, summarize
 
 Maps = dict[str, FaultMap]
 Metric = Callable[[np.ndarray, np.ndarray, np.ndarray], Mapping[str, float]]
@@ -229,7 +229,8 @@ class CampaignResult:
 
     def summary(self, metric: str = "accuracy",
                 confidence: float = 0.95) -> list[dict[str, Any]]:
-        """Across chips: one row per (kind, ber, target, bit) with ``stats.summarize`` fields."""
+        """Across chips: one row per (kind, ber, target, bit) with ``stats.summarize`` fields;
+        a bounded metric (accuracy, robust error) gets an interval inside its bounds."""
         groups: dict[tuple, list[float]] = {}
         for r in self.records:
             if metric not in r.metrics:
@@ -240,7 +241,8 @@ class CampaignResult:
         rows = []
         for (kind, ber, target, bit), values in sorted(groups.items(), key=lambda kv: str(kv[0])):
             rows.append({"kind": kind, "ber": ber, "target": target, "bit": bit,
-                         "metric": metric, **summarize(values, confidence).to_dict()})
+                         "metric": metric,
+                         **summarize(values, confidence, metric_bounds(metric)).to_dict()})
         return rows
 
     def to_json(self) -> str:
