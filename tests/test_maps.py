@@ -431,6 +431,48 @@ def test_load_rejects_corrupted_files(saved, tmp_path):
             FaultMap.load(path)
 
 
+
+@pytest.mark.parametrize("edit", [{"name": "fc1.weight"}, {"meta": {"seed": 3}},
+                                  {"meta": "seed 2"}, {"shape": [10, 20]}])
+def test_an_edited_header_does_not_load(saved, tmp_path, edit):
+    """The file's checksum covers the tensor name and the provenance, not only the faults."""
+    fmap, good = saved
+    header = json.loads(str(np.load(good)["header"]))
+    changed = {k: ({**header[k], **v} if k == "meta" and isinstance(v, dict) else v)
+               for k, v in edit.items()}
+    _rewrite(good, tmp_path / "edited.npz", header=changed)
+    with pytest.raises(ValueError, match=rf"{tmp_path / 'edited.npz'}: corrupted fault map"):
+        FaultMap.load(tmp_path / "edited.npz")
+    assert FaultMap.load(good).meta == fmap.meta
+
+
+def test_version_1_files_still_load(saved, tmp_path):
+    """Files written before the header checksum (version 1: the faults' digest only)."""
+    fmap, good = saved
+    with np.load(good) as data:
+        arrays = {k: data[k] for k in data.files}
+    header = json.loads(str(arrays["header"]))
+    del header["checksum"]
+    header["version"] = 1
+    np.savez(tmp_path / "v1.npz", **{**arrays, "header": np.array(json.dumps(header))})
+    back = FaultMap.load(tmp_path / "v1.npz")
+    assert back == fmap and back.meta == fmap.meta
+
+
+def test_save_writes_through_a_temporary_file(saved, tmp_path, monkeypatch):
+    """A failed save leaves the file that was there, and no temporary file."""
+    fmap, good = saved
+    before = good.read_bytes()
+
+    def fail(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(np, "savez_compressed", fail)
+    with pytest.raises(OSError, match="No space"):
+        fmap.save(good)
+    assert good.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == [
+        "good.npz"]
+
 def test_load_rejects_a_map_for_another_tensor(saved):
     path = saved[1]
     with pytest.raises(ValueError, match=rf"{path}: map is for shape \(20, 10\).*\(10, 20\)"):

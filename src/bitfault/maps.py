@@ -34,7 +34,7 @@ from numpy.random.bit_generator import ISeedSequence
 from bitfault.faults import BitSelection, resolve_bits
 from bitfault.formats import Format, is_format
 
-MAP_FILE_VERSION = 1
+MAP_FILE_VERSION = 2  # 2: a checksum over the whole header (1: over the faults only)
 _FIRST_CHUNK = 1 << 8
 _MAX_BITS = 32
 _MAX_CHUNK = 1 << 20
@@ -479,8 +479,9 @@ class FaultMap:
         return FaultMap(self.shape, self.indices[keep], masks[keep], self.name, dict(self.meta))
 
     def digest(self) -> str:
-        """SHA-256 of shape, indices and masks: equal maps have equal digests (computed once:
-        a map's arrays are read-only)."""
+        """SHA-256 of shape, indices and masks: the faults (the chip), what campaigns record
+        per trial; equal faults have equal digests (computed once: the arrays are read-only).
+        A map file also checks its name and ``meta`` (``save``)."""
         found = self.__dict__.get("_digest")
         if found is None:
             h = hashlib.sha256(json.dumps(list(self.shape)).encode())
@@ -505,12 +506,21 @@ class FaultMap:
     # ---- files ----------------------------------------------------------------------------
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the map to an ``.npz`` file with its provenance."""
+        """Write the map to an ``.npz`` file with its provenance and a checksum over all of
+        it (name, shape, meta, faults), through a temporary file renamed into place."""
         header = {"version": MAP_FILE_VERSION, "name": self.name, "shape": list(self.shape),
                   "meta": self.meta, "digest": self.digest()}
-        with open(path, "wb") as fh:
-            np.savez_compressed(fh, header=np.array(json.dumps(header)),
-                                indices=self.indices, masks=self.masks)
+        header["checksum"] = _header_checksum(header)
+        path = os.fspath(path)
+        tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.tmp")
+        try:
+            with open(tmp, "wb") as fh:
+                np.savez_compressed(fh, header=np.array(json.dumps(header)),
+                                    indices=self.indices, masks=self.masks)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], *, shape: Any = None,
@@ -525,9 +535,13 @@ class FaultMap:
         except Exception as exc:  # zipfile, KeyError, JSON, ...
             raise ValueError(f"{os.fspath(path)}: not a bitfault fault map file "
                              f"({type(exc).__name__}: {exc})") from None
-        if header.get("version") != MAP_FILE_VERSION:
-            raise ValueError(f"{os.fspath(path)}: fault map file version "
-                             f"{header.get('version')!r}, expected {MAP_FILE_VERSION}")
+        if not isinstance(header, dict) or header.get("version") not in (1, MAP_FILE_VERSION):
+            found = header.get("version") if isinstance(header, dict) else header
+            raise ValueError(f"{os.fspath(path)}: fault map file version {found!r}, expected "
+                             f"{MAP_FILE_VERSION} (or 1)")
+        if header["version"] >= 2 and header.get("checksum") != _header_checksum(header):
+            raise ValueError(f"{os.fspath(path)}: corrupted fault map (its header's checksum "
+                             "does not match: the name, shape or metadata were changed)")
         try:
             fmap = cls(tuple(header["shape"]), indices, masks, header["name"], header["meta"])
         except (KeyError, TypeError, ValueError) as exc:
@@ -540,6 +554,13 @@ class FaultMap:
         if name is not None and fmap.name != name:
             raise ValueError(f"{os.fspath(path)}: map is for tensor {fmap.name!r}, not {name!r}")
         return fmap
+
+
+def _header_checksum(header: Mapping[str, Any]) -> str:
+    """SHA-256 of a map file's header (all of it but the checksum; its ``digest`` covers the
+    faults), so an edited name, shape or meta does not load silently."""
+    body = {k: v for k, v in header.items() if k != "checksum"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
 __all__ = ["FaultMap", "bit_stream", "name_key"]
