@@ -134,6 +134,17 @@ def test_defaults_and_demo_example() -> None:
     ({"recipes": [{"name": "a"}, {"name": "a"}]},
      "config key 'recipes[1].name': got 'a'; allowed: a name no other recipe uses"),
     ({"recipes": [{"name": "a/b"}]}, "config key 'recipes[0].name': got 'a/b'"),
+    # names become folders: '.'/'..' would name models/ or the run directory itself
+    ({"recipes": [{"name": "."}]}, "config key 'recipes[0].name': got '.'; allowed: a name "
+                                   "of up to 100 letters"),
+    ({"recipes": [{"name": ".."}]}, "config key 'recipes[0].name': got '..'"),
+    ({"recipes": [{"name": ".hidden"}]}, "config key 'recipes[0].name': got '.hidden'"),
+    ({"recipes": [{"name": "a\\b"}]}, "config key 'recipes[0].name': got 'a\\\\b'"),
+    ({"recipes": [{"name": "x" * 101}]}, "config key 'recipes[0].name': got 'xxx"),
+    ({"recipes": [{"name": "a"}, {"name": "a.single_faults"}]},
+     "config key 'recipes[1].name': got 'a.single_faults'"),  # a's single-fault store
+    ({"recipes": [{"name": "Net"}, {"name": "net"}]},
+     "config key 'recipes[1].name': got 'net'; allowed: a name no other recipe uses"),
     ({"recipes": [{"name": "a", "clip": 0.1}]}, "config key 'recipes[0].clip': unknown; "
                                                  "allowed: activation_clip, activation_quantile"),
     ({"recipes": [{"name": "a"}, {"name": "b", "weight_clip": -1}]},
@@ -163,6 +174,26 @@ def test_defaults_and_demo_example() -> None:
                                         "error rate in [0, 1]"),
     ({"campaign": {"bers": ["1e-3", "lots"]}}, "config key 'campaign.bers[1]': got 'lots'"),
     ({"campaign": {"chips": 0}}, "config key 'campaign.chips': got 0; allowed: a positive"),
+    ({"campaign": {"chips": 10**7}}, "config key 'campaign.chips': got 10000000; allowed: a "
+                                     "positive integer and <= 1000000"),
+    # chip seeds seed + c are stored as signed 64-bit SQLite integers
+    ({"campaign": {"seed": 2**63 - 1}}, "config key 'campaign.seed': got 9223372036854775807; "
+                                        "allowed: an integer >= 0 and <= 9223372036854775798"),
+    ({"campaign": {"seed": 2**63 - 3, "chips": 2, "sensitivity_chips": 4}},
+     "config key 'campaign.seed': got 9223372036854775805; allowed: an integer >= 0 and <= "
+     "9223372036854775804"),
+    ({"seed": 2**32}, "config key 'seed': got 4294967296; allowed: an integer >= 0 and <= "
+                      "4294967295"),
+    ({"model": {"kwargs": {"seed": 2**32}}}, "config key 'model.kwargs.seed': got 4294967296"),
+    ({"train": {"batch_size": 2**64}}, "config key 'train.batch_size': got 18446744073709551616"),
+    ({"data": {"test_limit": 2**63}}, "config key 'data.test_limit': got 9223372036854775808"),
+    ({"campaign": {"batch": 2**63}}, "config key 'campaign.batch': got 9223372036854775808"),
+    ({"campaign": {"bers": [1e-3, "1e-2", 0.01]}}, "config key 'campaign.bers[2]': got 0.01; "
+                                                    "allowed: a rate not already in the list"),
+    ({"campaign": {"sensitivity_bers": [0.1, 0.1]}}, "config key 'campaign.sensitivity_bers[1]'"),
+    ({"campaign": {"targets": ["fc1.weight", "fc1.weight"]}},
+     "config key 'campaign.targets': got ['fc1.weight', 'fc1.weight']; allowed: tensor names, "
+     "each once"),
     ({"campaign": {"layers": "yes"}}, "config key 'campaign.layers': got 'yes'; allowed: true "
                                       "or false"),
     ({"campaign": {"targets": "everything"}}, "config key 'campaign.targets': got 'everything'"),

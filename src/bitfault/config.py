@@ -30,6 +30,8 @@ FRAMEWORKS = ("torch", "keras")
 SOURCES = ("embedded", "idx", "npz", "fashion-mnist")
 OPTIMIZERS = ("sgd", "adam")
 BUILTIN_MODELS = {"seed_mlp": ("hidden", "seed"), "small_cnn": ("channels", "seed", "norm")}
+MAX_CHIPS = 1_000_000
+_NAME = re.compile(r"[A-Za-z0-9_+-][A-Za-z0-9_.+-]{0,99}")
 _CALLABLE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
 
 
@@ -170,11 +172,17 @@ def _keys(data: Any, allowed: tuple[str, ...], where: str) -> Mapping[str, Any]:
     return data
 
 
-def _int(value: Any, key: str, *, minimum: int, none: bool = False) -> int | None:
+INT64_MAX = 2**63 - 1  # SQLite INTEGER (campaign stores) and the frameworks' int64
+SEED_MAX = 2**32 - 1  # NumPy's legacy seed and keras.utils.set_random_seed
+
+
+def _int(value: Any, key: str, *, minimum: int, none: bool = False,
+         maximum: int = INT64_MAX, why: str = "") -> int | None:
     if value is None and none:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
         what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        what += f" and <= {maximum}{why}"
         raise ConfigError(key, value, what + (" or null" if none else ""))
     return int(value)
 
@@ -210,8 +218,12 @@ def _rates(value: Any, key: str) -> tuple[float, ...]:
     what = "a non-empty list of bit error rates in [0, 1]"
     if isinstance(value, (str, int, float)) or not isinstance(value, (list, tuple)) or not value:
         raise ConfigError(key, value, what)
-    return tuple(_float(v, f"{key}[{i}]", what="a bit error rate in [0, 1]",
-                        ok=lambda f: 0.0 <= f <= 1.0) for i, v in enumerate(value))
+    rates = tuple(_float(v, f"{key}[{i}]", what="a bit error rate in [0, 1]",
+                         ok=lambda f: 0.0 <= f <= 1.0) for i, v in enumerate(value))
+    for i, r in enumerate(rates):
+        if r in rates[:i]:
+            raise ConfigError(f"{key}[{i}]", value[i], "a rate not already in the list")
+    return rates
 
 
 # ---- sections ----------------------------------------------------------------------------
@@ -251,7 +263,7 @@ def _model(raw: Any) -> ModelConfig:
         if "hidden" in kwargs:
             _int(kwargs["hidden"], "model.kwargs.hidden", minimum=1)
         if "seed" in kwargs:
-            _int(kwargs["seed"], "model.kwargs.seed", minimum=0)
+            _int(kwargs["seed"], "model.kwargs.seed", minimum=0, maximum=SEED_MAX)
         if "channels" in kwargs:
             ch = kwargs["channels"]
             if not isinstance(ch, (list, tuple)) or len(ch) != 2 or not all(
@@ -354,9 +366,12 @@ def _recipe(raw: Any, i: int) -> Recipe:
         _library(f"{where}.{k}", v, lambda k=k, v=v: Recipe(name="x", format=None, **{k: v}))
     if "name" not in d:
         raise ConfigError(f"{where}.name", None, "a non-empty string (recipes need a name)")
-    if not isinstance(d["name"], str) or not re.fullmatch(r"[A-Za-z0-9_.+-]+", d["name"]):
-        raise ConfigError(f"{where}.name", d["name"],
-                          "a non-empty name of letters, digits and _ . + - (it names a folder)")
+    name = d["name"]
+    if (not isinstance(name, str) or not _NAME.fullmatch(name)
+            or name.endswith(".single_faults")):
+        raise ConfigError(f"{where}.name", name, "a name of up to 100 letters, digits and "
+                          "_ . + -, not starting with '.' nor ending in '.single_faults' (it "
+                          "names a folder and a store file)")
     return _library(where, raw, lambda: Recipe(**d))
 
 
@@ -367,10 +382,11 @@ def _recipes(raw: Any) -> tuple[Recipe, ...]:
         raise ConfigError("recipes", raw, "a non-empty list of recipes (mappings with a name)")
     recipes = tuple(_recipe(r, i) for i, r in enumerate(raw))
     seen: set[str] = set()
-    for i, r in enumerate(recipes):
-        if r.name in seen:
-            raise ConfigError(f"recipes[{i}].name", r.name, "a name no other recipe uses")
-        seen.add(r.name)
+    for i, r in enumerate(recipes):  # case-blind: folders collide on macOS and Windows
+        if r.name.lower() in seen:
+            raise ConfigError(f"recipes[{i}].name", r.name, "a name no other recipe uses "
+                              "(ignoring case)")
+        seen.add(r.name.lower())
     return recipes
 
 
@@ -392,16 +408,24 @@ def _campaign(raw: Any) -> CampaignConfig:
     else:
         targets = tuple(targets)
     sens = d.get("sensitivity_bers")
+    if isinstance(targets, tuple) and len(set(targets)) != len(targets):
+        raise ConfigError("campaign.targets", list(targets), "tensor names, each once")
+    chips = _int(d.get("chips", c.chips), "campaign.chips", minimum=1, maximum=MAX_CHIPS,
+                 why=" (every trial is listed in memory)")
+    sens_chips = _int(d.get("sensitivity_chips"), "campaign.sensitivity_chips", minimum=1,
+                      none=True, maximum=MAX_CHIPS, why=" (every trial is listed in memory)")
+    # chip c has seed `seed + c`, stored as a signed 64-bit SQLite INTEGER
+    top = INT64_MAX - max(chips, sens_chips or 0) + 1
+    seed = _int(d.get("seed", c.seed), "campaign.seed", minimum=0, maximum=top,
+                why=" (chip c draws seed + c, stored as a signed 64-bit integer)")
     return CampaignConfig(
         bers=_rates(d.get("bers", list(c.bers)), "campaign.bers"),
-        chips=_int(d.get("chips", c.chips), "campaign.chips", minimum=1),
-        seed=_int(d.get("seed", c.seed), "campaign.seed", minimum=0),
+        chips=chips, seed=seed,
         fault=fault, targets=targets,
         layers=_bool(d.get("layers", c.layers), "campaign.layers"),
         bits=_bool(d.get("bits", c.bits), "campaign.bits"),
         sensitivity_bers=None if sens is None else _rates(sens, "campaign.sensitivity_bers"),
-        sensitivity_chips=_int(d.get("sensitivity_chips"), "campaign.sensitivity_chips",
-                               minimum=1, none=True),
+        sensitivity_chips=sens_chips,
         batch=_int(d.get("batch"), "campaign.batch", minimum=1, none=True),
         single_faults=_float(d.get("single_faults"), "campaign.single_faults",
                              what="a margin in (0, 0.5), e.g. 0.01", ok=lambda f: 0 < f < 0.5,
@@ -426,7 +450,8 @@ def config_from_dict(data: Mapping[str, Any]) -> RunConfig:
     if not isinstance(title, str):
         raise ConfigError("title", title, "a string")
     return RunConfig(framework=framework,
-                     seed=_int(d.get("seed", 0), "seed", minimum=0),
+                     seed=_int(d.get("seed", 0), "seed", minimum=0, maximum=SEED_MAX,
+                               why=" (NumPy's and Keras' seed range)"),
                      output=output, title=title,
                      data=_data(d.get("data")), model=_model(d.get("model")),
                      train=_train(d.get("train")), recipes=_recipes(d.get("recipes")),
