@@ -1,9 +1,10 @@
 """``make_report``: the report of a run directory, from its summary and training histories.
 
-Writes ``RUN_DIR/report/``: ``rate_sweep.png`` (accuracy vs bit error rate, every
-model on one plot with 95% confidence bands), ``layers_<model>.png`` and
-``bits_<model>.png`` heatmaps when the campaign ran those sweeps, ``training.png``,
-``summary.csv``/``summary.json`` and one self-contained ``report.html``.
+Writes ``RUN_DIR/report/``: ``rate_sweep.png`` (accuracy vs fault rate, every model on
+one plot with 95% confidence bands and the chance level), ``layers_<model>.png`` and
+``bits_<model>.png`` heatmaps when the campaign ran those sweeps (``<model>`` with a short
+hash where the name is not a safe file name), ``training.png``, ``summary.csv``/``.json``,
+``rate_table.csv``/``.json`` (model x rate) and one self-contained ``report.html``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,10 @@ from typing import Any
 from bitfault.formats import format_from_dict
 from bitfault.jobs.run_dir import RunDir, read_json
 from bitfault.recipes import Recipe
+from bitfault.report.labels import rate_name
+from bitfault.stats import format_rates
+
+_CLASSES = 10  # every data source a run reads is a 10-class set (the loaders check 0..9)
 
 
 def describe_recipe(recipe: Recipe) -> str:
@@ -84,12 +89,13 @@ def make_report(run_dir: str | os.PathLike[str]) -> dict[str, str]:
     fault = c.fault.kind.replace("_", " ")
     intro = (f"{len(models)} models ({config.model.name}, {config.framework}) trained on "
              f"{config.data.source} data, then each evaluated on {summary.get('test_examples')} "
-             f"test examples with its weights stored in its format and {fault}s at each bit "
-             f"error rate: {c.chips} simulated chips per rate (chip c draws seed "
+             f"test examples with its weights stored in its format and {fault}s at each "
+             f"{rate_name(c.fault)}: {c.chips} simulated chips per rate (chip c draws seed "
              f"{c.seed} + c for every model, so faults are nested across rates and shared "
              "across models).")
     columns = ("model", "stored as", "training", "test accuracy, no faults", "epochs")
     tables = [("Models", rows_models, columns)]
+    more_tables = []
     singles = [(name, m["single_faults"]) for name, m in models.items()
                if m.get("single_faults", {}).get("trials")]
     if singles:
@@ -98,8 +104,8 @@ def make_report(run_dir: str | os.PathLike[str]) -> dict[str, str]:
                  f"{s['confidence']:.0%} interval": f"{s['interval'][0]:.4f}-"
                                                     f"{s['interval'][1]:.4f}"}
                 for name, s in singles]
-        tables.append(("Single bit faults (statistical fault injection)", rows,
-                       tuple(rows[0])))
+        more_tables.append(("Single bit faults (statistical fault injection)", rows,
+                            tuple(rows[0])))
     return build_report(
         rd.report_dir,
         {n: m["rate"] for n, m in models.items()},
@@ -107,7 +113,8 @@ def make_report(run_dir: str | os.PathLike[str]) -> dict[str, str]:
         layer_rows={n: m.get("layer", []) for n, m in models.items()},
         bit_rows={n: m.get("bit", []) for n, m in models.items()},
         histories=histories or None, title=config.title, intro=intro,
-        tables=tables)
+        tables=tables, more_tables=more_tables, fault=c.fault,
+        formats={n: m["format"] for n, m in models.items()}, chance=1.0 / _CLASSES)
 
 
 def rate_table(summary: dict[str, Any]) -> tuple[list[float], dict[str, dict[str, Any]]]:
@@ -124,10 +131,15 @@ def format_rate_table(summary: dict[str, Any]) -> str:
     """A plain-text table: one row per model, no-fault accuracy then mean accuracy per rate."""
     bers, table = rate_table(summary)
     width = max([len("model")] + [len(n) for n in table]) + 2
-    head = "model".ljust(width) + "no faults".rjust(10) + "".join(f"{b:>9.0e}" for b in bers)
-    lines = ["mean test accuracy over simulated chips, by bit error rate", head]
+    labels = format_rates(bers)
+    cell = max([9] + [len(label) + 2 for label in labels])
+    head = "model".ljust(width) + "no faults".rjust(10) + "".join(label.rjust(cell)
+                                                                  for label in labels)
+    fault = summary.get("campaign", {}).get("fault")
+    lines = [f"mean test accuracy over simulated chips, by {rate_name(fault)}", head]
     for name, row in table.items():
-        cells = "".join(f"{row[b]:9.3f}" if row[b] is not None else f"{'-':>9}" for b in bers)
+        cells = "".join(f"{row[b]:{cell}.3f}" if row[b] is not None else "-".rjust(cell)
+                        for b in bers)
         lines.append(name.ljust(width) + f"{row['clean']:10.3f}" + cells)
     return "\n".join(lines)
 

@@ -1,4 +1,4 @@
-"""Reports a person can read: accuracy vs bit error rate with confidence bands, per-layer and
+"""Reports a person can read: accuracy vs fault rate with confidence bands, per-layer and
 per-bit sensitivity heatmaps, training curves; PNG files, one self-contained HTML page, and
 the numbers as CSV/JSON. Needs matplotlib (``bitfault[report]``), imported when used.
 """
@@ -6,15 +6,19 @@ the numbers as CSV/JSON. Needs matplotlib (``bitfault[report]``), imported when 
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from bitfault.report.html import write_html, write_rows
+from bitfault.report.html import Table, write_html, write_rows
+from bitfault.report.labels import bit_roles, fault_phrase, file_stems, rate_label, rate_name
 from bitfault.report.plots import plot_heatmap, plot_rate_sweep, plot_training
+from bitfault.stats import format_rates
 
 _SUMMARY_COLUMNS = ("model", "kind", "ber", "target", "bit", "n", "mean", "std", "min", "max",
                     "ci_low", "ci_high")
+_CI_METHODS = {"wilson_effective_n": "a Wilson score interval at the chips' effective sample "
+                                     "size with Student's t quantile, inside [0, 1]",
+               "student_t": "Student's t"}
 
 
 def build_report(
@@ -27,35 +31,55 @@ def build_report(
     histories: Mapping[str, Mapping[str, Sequence[float]]] | None = None,
     title: str = "bitfault report",
     intro: str = "",
-    tables: Sequence[tuple[str, Sequence[Mapping[str, Any]], Sequence[str]]] = (),
+    tables: Sequence[Table] = (),
+    more_tables: Sequence[Table] = (),
+    fault: Any = None,
+    formats: Mapping[str, Any] | None = None,
+    chance: float | None = None,
 ) -> dict[str, str]:
-    """Write every plot, ``summary.csv``/``summary.json`` and ``report.html`` into ``out_dir``.
+    """Write every plot, ``summary.csv``/``.json``, ``rate_table.csv``/``.json`` (model x
+    rate) and ``report.html`` into ``out_dir``; returns {artefact: path}.
 
     ``rate_rows[model]``, ``layer_rows[model]`` and ``bit_rows[model]`` are summary rows
     as ``CampaignResult.summary()`` returns them; ``histories[model]`` as
-    ``plot_training`` reads them. ``tables``: more (caption, rows, columns) tables for
-    the page, before the rate-sweep table. Returns {artefact: path}.
+    ``plot_training`` reads them. The page opens with two sentences on what it shows,
+    ``intro``, ``tables`` (e.g. the models) and the model x rate table; the figures and
+    ``more_tables`` follow, the rate-sweep numbers last. ``fault`` (the fault model)
+    names the rate axis, ``formats[model]`` (a format or its dict) which end of a word
+    is the LSB, ``chance`` (e.g. 1 / classes) draws the chance level.
     """
-    os.makedirs(out_dir, exist_ok=True)
     if not rate_rows:
         raise ValueError("rate_rows must hold at least one model's rate-sweep summary")
+    if chance is not None and not 0.0 <= chance <= 1.0:
+        raise ValueError(f"chance must be None or in [0, 1], got {chance!r}")
+    rate_label(fault)  # a bad fault is refused before anything is written
+    groups = {"layers": (layer_rows or {}, "target"), "bits": (bit_rows or {}, "bit")}
+    stems = file_stems([m for rows, _ in groups.values() for m, r in rows.items() if r])
+    os.makedirs(out_dir, exist_ok=True)
     out: dict[str, str] = {}
     figures: list[tuple[str, str]] = []
+    what = rate_name(fault)
     out["rate_sweep"] = plot_rate_sweep(rate_rows, os.path.join(out_dir, "rate_sweep.png"),
-                                        clean=clean)
-    figures.append(("Accuracy vs bit error rate for each model: mean over simulated chips, "
-                    "95% confidence band of the mean, worst chip dotted, no-fault accuracy "
-                    "dashed.", out["rate_sweep"]))
-    for kind, rows_by_model, by in (("layers", layer_rows, "target"), ("bits", bit_rows, "bit")):
-        for model, rows in (rows_by_model or {}).items():
+                                        clean=clean, chance=chance, fault=fault)
+    figures.append((f"Accuracy vs {what} for each model: mean over simulated chips, 95% "
+                    "confidence band of the mean, worst chip dotted, no-fault accuracy "
+                    "dashed" + (", chance level dash-dotted grey." if chance is not None
+                                else "."), out["rate_sweep"]))
+    for kind, (rows_by_model, by) in groups.items():
+        unit = "tensor" if by == "target" else "bit position"
+        for model, rows in rows_by_model.items():
             if not rows:
                 continue
-            key = f"{kind}_{re.sub(r'[^A-Za-z0-9_.-]+', '_', model).strip('_')}"
+            key = f"{kind}_{stems[model]}"
+            roles = bit_roles(formats[model]) if by == "bit" and formats and model in formats \
+                else None
             out[key] = plot_heatmap(rows, os.path.join(out_dir, f"{key}.png"), by=by,
                                     title=f"{model}: mean accuracy with faults confined to one "
-                                          f"{'tensor' if by == 'target' else 'bit position'}")
-            figures.append((f"{model}: sensitivity per "
-                            f"{'tensor' if by == 'target' else 'bit position'}", out[key]))
+                                          f"{unit}", fault=fault, bit_roles=roles,
+                                    chance=chance)
+            note = (" (bit 0 is the least significant; the most significant, the sign bit in "
+                    "signed formats, is at the top)" if by == "bit" else "")
+            figures.append((f"{model}: sensitivity per {unit}{note}", out[key]))
     if histories:
         out["training"] = plot_training(histories, os.path.join(out_dir, "training.png"))
         figures.append(("Training loss and test accuracy per epoch (clean stored weights; "
@@ -65,11 +89,46 @@ def build_report(
                for model, rows in group.items() for row in rows]
     out["summary_csv"], out["summary_json"] = write_rows(summary,
                                                          os.path.join(out_dir, "summary"))
-    rate_table = [{"model": m, **r} for m, rows in rate_rows.items() for r in rows]
-    out["html"] = write_html(os.path.join(out_dir, "report.html"), title, intro, figures,
-                             [*tables, ("Rate sweep", rate_table, _SUMMARY_COLUMNS)])
+    by_rate, rate_columns = model_rate_table(rate_rows, clean)
+    out["rate_table_csv"], out["rate_table_json"] = write_rows(
+        by_rate, os.path.join(out_dir, "rate_table"))
+    rate_detail = [{"model": m, **r} for m, rows in rate_rows.items() for r in rows]
+    methods = sorted({r.get("ci_method", "student_t") for r in rate_detail})
+    detail = ("Rate sweep (confidence interval of the mean: "
+              + "; ".join(_CI_METHODS.get(m, m) for m in methods) + ")")
+    chips = sorted({int(r["n"]) for r in rate_detail if "n" in r})
+    lead = (f"This page shows how much test accuracy each of {len(rate_rows)} models keeps "
+            f"when {fault_phrase(fault)} hit its stored weights at increasing {what}s, "
+            f"measured on {'/'.join(map(str, chips)) or 'several'} simulated chips per rate. "
+            f"The tables first give the models and their mean accuracy at each {what}; the "
+            "plots below show the same with confidence bands and, where the campaign ran "
+            "them, which tensors and bits are fragile.")
+    out["html"] = write_html(
+        os.path.join(out_dir, "report.html"), title, f"{lead}\n\n{intro}", figures,
+        [*more_tables, (detail, rate_detail, _SUMMARY_COLUMNS)],
+        lead_tables=[*tables, (f"Mean accuracy over chips by model and {what}", by_rate,
+                               rate_columns)])
     return out
 
 
-__all__ = ["build_report", "plot_heatmap", "plot_rate_sweep", "plot_training", "write_html",
-           "write_rows"]
+def model_rate_table(rate_rows: Mapping[str, Sequence[Mapping[str, Any]]],
+                     clean: Mapping[str, float] | None = None
+                     ) -> tuple[list[dict[str, Any]], list[str]]:
+    """(rows, columns): one row per model, its no-fault value then its mean at each rate,
+    the rate columns named as ``format_rates`` writes them."""
+    rates = sorted({float(r["ber"]) for rows in rate_rows.values() for r in rows})
+    names = dict(zip(rates, format_rates(rates), strict=True))
+    columns = ["model", *(["no faults"] if clean else []), *names.values()]
+    table = []
+    for model, rows in rate_rows.items():
+        row: dict[str, Any] = {"model": model}
+        if clean:
+            row["no faults"] = clean.get(model, "")
+        means = {float(r["ber"]): r["mean"] for r in rows}
+        row.update({names[b]: means.get(b, "") for b in rates})
+        table.append(row)
+    return table, columns
+
+
+__all__ = ["build_report", "model_rate_table", "plot_heatmap", "plot_rate_sweep",
+           "plot_training", "write_html", "write_rows"]

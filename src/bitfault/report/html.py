@@ -10,6 +10,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from bitfault.stats import format_rates
+
 
 def write_rows(rows: Sequence[Mapping[str, Any]], stem: str | os.PathLike[str]) -> list[str]:
     """Write rows as ``stem.csv`` and ``stem.json``; returns both paths."""
@@ -26,25 +28,37 @@ def write_rows(rows: Sequence[Mapping[str, Any]], stem: str | os.PathLike[str]) 
     return [stem + ".csv", stem + ".json"]
 
 
+Table = tuple[str, Sequence[Mapping[str, Any]], Sequence[str]]
+
+
 def _table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
+    """An HTML table; rates (the ``ber`` column) as ``format_rates`` writes them."""
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    rates = [r["ber"] for r in rows if isinstance(r.get("ber"), (int, float))]
+    rate_text = dict(zip(rates, format_rates(rates), strict=True)) if "ber" in columns else {}
     body = []
     for r in rows:
         cells = []
         for c in columns:
             v = r.get(c, "")
-            text = f"{v:.4g}" if isinstance(v, float) else str(v)
+            if c == "ber" and v in rate_text:
+                text = rate_text[v]
+            else:
+                text = f"{v:.4g}" if isinstance(v, float) else str(v)
             cells.append(f"<td>{html.escape(text)}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
     return f"<table><tr>{head}</tr>{''.join(body)}</table>"
 
 
 def write_html(path: str | os.PathLike[str], title: str, intro: str,
-               figures: Sequence[tuple[str, str]],
-               tables: Sequence[tuple[str, Sequence[Mapping[str, Any]], Sequence[str]]] = ()
-               ) -> str:
-    """A page with ``figures`` ((caption, png path)) embedded as data URIs and ``tables``."""
-    parts = [f"<h1>{html.escape(title)}</h1>", f"<p>{html.escape(intro)}</p>"]
+               figures: Sequence[tuple[str, str]], tables: Sequence[Table] = (), *,
+               lead_tables: Sequence[Table] = ()) -> str:
+    """A page: ``intro`` (paragraphs split by blank lines), ``lead_tables``, ``figures``
+    ((caption, png path), embedded as data URIs), then ``tables``."""
+    parts = [f"<h1>{html.escape(title)}</h1>"]
+    parts += [f"<p>{html.escape(p.strip())}</p>" for p in intro.split("\n\n") if p.strip()]
+    for caption, rows, columns in lead_tables:
+        parts.append(f"<h2>{html.escape(caption)}</h2>{_table(rows, columns)}")
     for caption, png in figures:
         with open(png, "rb") as fh:
             data = base64.b64encode(fh.read()).decode("ascii")

@@ -13,6 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from bitfault.report.labels import rate_label, rate_name
+from bitfault.stats import format_rates
+
 
 def _pyplot() -> Any:
     import matplotlib
@@ -32,19 +35,23 @@ def _save(fig: Any, path: str | os.PathLike[str]) -> str:
 
 def plot_rate_sweep(curves: Mapping[str, Sequence[Mapping[str, Any]]],
                     path: str | os.PathLike[str], metric: str = "accuracy",
-                    clean: Mapping[str, float] | None = None) -> str:
-    """Metric vs bit error rate, one line per model with its confidence band and min-max.
+                    clean: Mapping[str, float] | None = None, *, chance: float | None = None,
+                    fault: Any = None) -> str:
+    """Metric vs fault rate, one line per model with its confidence band and worst chip.
 
     ``curves[model]`` holds summary rows with ``ber``, ``mean``, ``ci_low``,
-    ``ci_high``, ``min`` and ``max``; ``clean[model]`` draws the fault-free value.
+    ``ci_high``, ``min`` and ``max``; ``clean[model]`` draws the fault-free value,
+    ``chance`` a grey chance-level line; ``fault`` (the fault model) names the axis.
     """
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    rates: set[float] = set()
     for i, (model, rows) in enumerate(curves.items()):
         rows = sorted((r for r in rows if r["ber"] and r["ber"] > 0), key=lambda r: r["ber"])
         if not rows:
             continue
         ber = np.array([r["ber"] for r in rows])
+        rates.update(float(b) for b in ber)
         mean = np.array([r["mean"] for r in rows])
         color = f"C{i}"
         ax.plot(ber, mean, "o-", color=color, label=f"{model} (mean over chips)")
@@ -53,22 +60,50 @@ def plot_rate_sweep(curves: Mapping[str, Sequence[Mapping[str, Any]]],
         ax.plot(ber, [r["min"] for r in rows], ":", color=color, linewidth=1)
         if clean and model in clean:
             ax.axhline(clean[model], color=color, linestyle="--", linewidth=1)
+    if chance is not None:
+        ax.axhline(chance, color="0.4", linestyle="-.", linewidth=1,
+                   label=f"chance level ({chance:.3g})")
     ax.set_xscale("log")
-    ax.set_xlabel("bit error rate (fraction of stored bits flipped)")
-    ax.set_ylabel(metric.replace("_", " "))
-    ax.set_title(f"{metric.replace('_', ' ')} vs bit error rate "
-                 "(band: 95% CI of the mean; dotted: worst chip; dashed: no faults)")
+    _rate_ticks(ax, sorted(rates))
+    what = metric.replace("_", " ")
+    ax.set_xlabel(rate_label(fault))
+    ax.set_ylabel(what)
+    ax.set_title(f"{what} vs {rate_name(fault)} (band: 95% CI of the mean; dotted: worst "
+                 "chip; dashed: no faults)")
     ax.title.set_fontsize(9)
-    ax.grid(True, which="both", alpha=0.3)
+    ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=8)
     return _save(fig, path)
 
 
+def _rate_ticks(ax: Any, rates: Sequence[float]) -> None:
+    """One labelled tick per swept rate on the x axis, as ``format_rates`` writes them."""
+    from matplotlib.ticker import NullLocator
+
+    if rates:
+        ax.set_xticks(list(rates), format_rates(rates))
+        ax.xaxis.set_minor_locator(NullLocator())
+        crowded = len(rates) > 6 or bool(np.any(np.diff(np.log10(rates)) < 0.35))
+        if crowded:
+            ax.tick_params(axis="x", labelrotation=45, labelsize=8)
+            for label in ax.get_xticklabels():
+                label.set_horizontalalignment("right")
+
+
 def plot_heatmap(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike[str],
-                 by: str, title: str, value: str = "mean") -> str:
-    """Heatmap of ``value``: one row per ``by`` (tensor name or bit), one column per ber."""
+                 by: str, title: str, value: str = "mean", *, fault: Any = None,
+                 bit_roles: Mapping[int, str] | None = None,
+                 chance: float | None = None) -> str:
+    """Heatmap of ``value``: one row per ``by`` (tensor name or bit), one column per rate.
+
+    Bits run from the top (most significant) down; ``bit_roles`` names some of them
+    (``{0: "LSB", 31: "sign, MSB"}``); ``chance`` is marked on the colour bar.
+    """
     plt = _pyplot()
     keys = sorted({r[by] for r in rows}, key=lambda k: (isinstance(k, str), k))
+    if by == "bit":
+        keys = [k for k in keys if not isinstance(k, str)][::-1] + \
+               [k for k in keys if isinstance(k, str)]
     bers = sorted({r["ber"] for r in rows})
     grid = np.full((len(keys), len(bers)), np.nan)
     for r in rows:
@@ -76,15 +111,22 @@ def plot_heatmap(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike[str]
     fig, ax = plt.subplots(figsize=(max(5.0, 1.6 + 1.1 * len(bers)),
                                     max(2.8, 1.2 + 0.32 * len(keys))))
     image = ax.imshow(grid, aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0)
-    ax.set_xticks(range(len(bers)), [f"{b:g}" for b in bers])
-    ax.set_yticks(range(len(keys)), [str(k) for k in keys])
-    ax.set_xlabel("bit error rate")
-    ax.set_ylabel("tensor" if by == "target" else "bit position")
+    ax.set_xticks(range(len(bers)), format_rates(bers))
+    roles = bit_roles or {}
+    ax.set_yticks(range(len(keys)), [f"{k} ({roles[k]})" if by == "bit" and k in roles
+                                     else str(k) for k in keys])
+    ax.set_xlabel(rate_label(fault))
+    ax.set_ylabel("tensor" if by == "target" else
+                  "bit position (bottom: LSB, top: MSB)")
     for (i, j), v in np.ndenumerate(grid):
         if np.isfinite(v):
             ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7,
                     color="white" if v < 0.5 else "black")
-    fig.colorbar(image, ax=ax, label="mean accuracy")
+    bar = fig.colorbar(image, ax=ax, label="mean accuracy" if value == "mean" else value)
+    if chance is not None:
+        bar.ax.axhline(chance, color="red", linewidth=1.5)
+        bar.ax.text(1.05, chance, " chance", transform=bar.ax.get_yaxis_transform(),
+                    fontsize=7, va="center", color="red")
     width = fig.get_size_inches()[0]
     ax.set_title(textwrap.fill(title, max(30, int(width * 9))), fontsize=9)
     return _save(fig, path)
