@@ -62,13 +62,18 @@ def test_user_model_trains_and_reloads(user_module: str, tmp_path: Path) -> None
         "campaign": {"bers": [1e-2], "chips": 2}})
     rd, results = train(config)
     assert results["q"]["trained"] and results["q"]["val_accuracy"] > 0.2
-    again = load_model(rd.model_dir("q"))
+    again = load_model(rd.model_dir("q"), trusted=f"{user_module}:tiny")
     saved = torch.load(rd.model_file("q", "torch"), weights_only=True)
     assert sorted(again.state_dict()) == sorted(saved) == ["body.0.bias", "body.0.weight",
                                                            "head.bias", "head.weight"]
     assert all(np.array_equal(again.state_dict()[k].numpy(), v.numpy()) for k, v in saved.items())
-    summary = run_campaign(rd.path)
+    # a run directory alone does not get to run the callable its model.json names
+    with pytest.raises(ValueError, match=f"names the callable '{user_module}:tiny', and "
+                                         "loading it would run that code"):
+        run_campaign(rd.path)
+    summary = run_campaign(rd.path, config)  # the user's own config names it
     assert summary["models"]["q"]["ran"] == 2
+    assert run_campaign(rd.path, trust_model_code=True)["models"]["q"]["skipped"] == 2
 
 
 @pytest.mark.parametrize(("name", "kwargs", "message"), [

@@ -4,41 +4,54 @@ Each trained model is evaluated on the test split under its recipe's stored form
 (``Recipe.stored_format``), chip ``c`` drawing seed ``campaign.seed + c`` at every
 rate, so every model meets the same simulated chips. Trials stream into
 ``RUN_DIR/campaign/<recipe>.sqlite`` as they finish; rerunning skips every stored
-trial (a store written for another model, data set or fault model is started over).
-With ``campaign.single_faults`` (a margin), sampled single bit faults follow, in
+trial. A store holding trials of another model, data set or spec is refused, naming
+what differs, unless ``replace_stores`` moves it into ``RUN_DIR/replaced/``. With
+``campaign.single_faults`` (a margin), sampled single bit faults follow, in
 ``RUN_DIR/campaign/<recipe>.single_faults.sqlite``, until the share that turns a
-correct prediction wrong is known to within that margin. Summaries go to
-``RUN_DIR/summary.json``.
+correct prediction wrong is known to within that margin. ``RUN_DIR/summary.json``
+is built from the stores and names each model's planned and stored trials.
+
+Everything is checked (config, data, models, grids, stores) before anything is
+written, with the run directory locked (``bitfault.jobs.lock``).
 """
 
 from __future__ import annotations
 
+import json
 import os
-import sqlite3
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bitfault.config import CampaignConfig, ConfigError, RunConfig, load_config
 from bitfault.jobs.data import load_data
+from bitfault.jobs.lock import lock_run_dir
 from bitfault.jobs.models import load_model
 from bitfault.jobs.progress import SILENT, Reporter
-from bitfault.jobs.run_dir import RunDir, jsonable, read_json, training_differences, write_json
+from bitfault.jobs.run_dir import (
+    RunDir,
+    jsonable,
+    move_aside,
+    read_json,
+    training_differences,
+    write_json,
+)
+from bitfault.jobs.summary import (
+    build_trials,
+    incomplete,
+    model_summary,
+    provenance,
+    single_fault_trials,
+)
+from bitfault.recipes import Recipe
 from bitfault.spec import FaultSpec
 
 
-def _resolve(run_dir: str | os.PathLike[str] | None, config: RunConfig | Any | None,
-             framework: str | None) -> tuple[RunDir, RunConfig]:
+def _resolve(rd: RunDir, config: RunConfig | None,
+             framework: str | None) -> RunConfig:
     if config is None:
-        if run_dir is None:
-            raise ValueError("give a run directory or a config")
-        rd = RunDir(run_dir)
         config = rd.config()
     else:
-        config = load_config(config)
-        rd = RunDir(run_dir if run_dir is not None else config.output)
-        if not rd.exists():
-            raise FileNotFoundError(f"{rd.path}: no trained run there; run `bitfault train` "
-                                    "with this config first")
         diffs = training_differences(rd.config(), config)
         if diffs:
             raise ValueError(f"{rd.path}: its models were trained with different "
@@ -46,13 +59,14 @@ def _resolve(run_dir: str | os.PathLike[str] | None, config: RunConfig | Any | N
     if framework is not None and framework != config.framework:
         raise ValueError(f"--framework {framework}: the run in {rd.path} was trained with "
                          f"{config.framework}")
-    return rd, config
+    return config
 
 
-def check_campaign(config: RunConfig) -> None:
-    """Every recipe needs a stored format: campaigns fault stored words."""
+def check_campaign(config: RunConfig, *, stored_formats: bool = True) -> None:
+    """Every recipe needs a stored format (campaigns fault stored words; ``stored_formats``
+    False skips that, for training); Keras campaigns fault kernels only."""
     for i, r in enumerate(config.recipes):
-        if r.stored_format is None:
+        if stored_formats and r.stored_format is None:
             raise ConfigError(f"recipes[{i}].format", None,
                               f"a format or fault_aware spec: campaigns fault stored words, "
                               f"and recipe {r.name!r} trains plain float weights")
@@ -66,6 +80,7 @@ def check_campaign(config: RunConfig) -> None:
 
 
 def make_evaluator(model: Any, framework: str, x: Any, y: Any, c: CampaignConfig) -> Any:
+    """The framework's evaluator of ``model`` on (x, y) for the config's targets."""
     if framework == "torch":
         from bitfault.campaign.torch_eval import TorchEvaluator
 
@@ -79,48 +94,116 @@ def make_evaluator(model: Any, framework: str, x: Any, y: Any, c: CampaignConfig
                           else list(c.targets))
 
 
-def build_trials(c: CampaignConfig, spec: FaultSpec, shapes: dict[str, Any]) -> list[Any]:
-    from bitfault.campaign import bit_sweep, layer_sweep, rate_sweep
+@dataclass
+class ModelPlan:
+    """One model's campaign, checked: its spec, evaluator and trials."""
 
-    trials = rate_sweep(c.bers, c.chips, base_seed=c.seed)
-    if c.layers:
-        trials += layer_sweep(c.sweep_bers, c.sweep_chips, list(shapes), base_seed=c.seed)
-    if c.bits:
-        trials += bit_sweep(c.sweep_bers, c.sweep_chips, spec.fault.eligible_bits(spec.format),
-                            base_seed=c.seed)
-    return trials
+    recipe: Recipe
+    spec: FaultSpec
+    evaluator: Any
+    trials: list[Any]
+    singles: list[Any]
 
 
-def _stale(store: Path, evaluator: Any, spec: FaultSpec) -> bool:
-    """Whether a store holds trials of another model, data set or spec."""
-    if not store.is_file():
-        return False
+def plan_model(config: RunConfig, recipe: Recipe, model: Any, x: Any, y: Any) -> ModelPlan:
+    """Check that the campaign fits ``model`` (spec, targets, grid); errors name the key."""
+    c = config.campaign
+    fmt = recipe.stored_format
     try:
-        with sqlite3.connect(f"file:{store}?mode=ro", uri=True) as db:
-            rows = db.execute("SELECT DISTINCT model_digest, data_digest, spec FROM trials"
-                              ).fetchall()
-    except sqlite3.DatabaseError:
-        return False  # let CampaignStore report what is wrong with the file
-    want = (evaluator.model_digest(), evaluator.data_digest(), spec.to_json(sort_keys=True))
-    return any(tuple(r) != want for r in rows)
+        spec = FaultSpec(format=fmt, fault=c.fault, ber=0.0, seed=c.seed)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError("campaign.fault", c.fault.to_dict(), f"a fault model that fits "
+                          f"recipe {recipe.name!r}'s format {fmt} ({exc})") from None
+    try:
+        evaluator = make_evaluator(model, config.framework, x, y, c)
+    except ValueError as exc:
+        if isinstance(c.targets, str):
+            raise
+        raise ConfigError("campaign.targets", list(c.targets), f"names of tensors the model "
+                          f"has ({exc})") from None
+    shapes = evaluator.tensor_shapes()
+    trials = build_trials(c, spec, shapes)
+    singles = single_fault_trials(c, spec, shapes)
+    return ModelPlan(recipe, spec, evaluator, trials, singles)
 
 
-def _remove_store(store: Path) -> None:
-    for suffix in ("", "-wal", "-shm"):
-        Path(f"{store}{suffix}").unlink(missing_ok=True)
+def _clean_metrics(plan: ModelPlan) -> dict[str, Any]:
+    """The no-fault metrics (the golden run every trial is compared with)."""
+    from bitfault.campaign import accuracy_metrics
+    from bitfault.maps import FaultMap
+
+    golden = {n: FaultMap.empty(s, n) for n, s in plan.evaluator.tensor_shapes().items()}
+    clean = plan.evaluator.predict([golden], plan.spec)[0]
+    return accuracy_metrics(plan.evaluator.labels, clean, clean)
+
+
+def store_differences(store: Path, evaluator: Any, spec: FaultSpec) -> list[str]:
+    """What makes the trials in ``store`` another campaign's (empty: none, or no store)."""
+    rows = provenance(store)
+    if not rows:
+        return []
+    diffs: list[str] = []
+    if any(model != evaluator.model_digest() for model, _, _ in rows):
+        diffs.append("the model (its weights, or the tensors campaign.targets selects)")
+    if any(data != evaluator.data_digest() for _, data, _ in rows):
+        diffs.append("the test data (data settings)")
+    want, fields = json.loads(spec.to_json(sort_keys=True)), set()
+    for _, _, text in rows:
+        old = json.loads(text or "{}")
+        fields |= {k for k in old.keys() | want.keys() if old.get(k) != want.get(k)}
+    names = {"fault": "campaign.fault", "seed": "campaign.seed", "format": "the recipe's format"}
+    return diffs + [f"the spec's {f} ({names[f]})" if f in names else f"the spec's {f}"
+                    for f in sorted(fields)]
 
 
 def run_campaign(run_dir: str | os.PathLike[str] | None = None,
                  config: RunConfig | Any | None = None, *, framework: str | None = None,
-                 reporter: Reporter = SILENT) -> dict[str, Any]:
+                 reporter: Reporter = SILENT, replace_stores: bool = False,
+                 trust_model_code: bool = False) -> dict[str, Any]:
     """Run (or resume) the campaign of a run directory; returns what summary.json holds.
 
     ``config`` (a RunConfig, dict or file) replaces the run's campaign settings; its
-    training settings must match those the models were trained with.
+    training settings must match those the models were trained with. A store of another
+    campaign is refused unless ``replace_stores`` (it then moves to ``RUN_DIR/replaced/``).
+    A model.json naming a user callable loads only if ``config`` names it too, or with
+    ``trust_model_code``.
     """
-    from bitfault.campaign import run
+    if config is None and run_dir is None:
+        raise ValueError("give a run directory or a config")
+    if config is not None:
+        config = load_config(config)
+    rd = RunDir(run_dir if run_dir is not None else config.output)
+    if config is not None and not rd.exists():
+        raise FileNotFoundError(f"{rd.path}: no trained run there; run `bitfault train` "
+                                "with this config first")
+    trusted: str | bool = True if trust_model_code else (
+        config.model.name if config is not None else False)
+    with lock_run_dir(rd.path, "campaign"):
+        config = _resolve(rd, config, framework)
+        plans, xt_len = _check_all(rd, config, trusted)
+        stale = {}
+        for plan in plans:
+            for store in (rd.store_path(plan.recipe.name),
+                          rd.single_faults_store_path(plan.recipe.name)):
+                diffs = store_differences(store, plan.evaluator, plan.spec)
+                if diffs:
+                    stale[store] = diffs
+        if stale and not replace_stores:
+            raise ValueError("; ".join(f"{store}: holds trials of another campaign (it differs "
+                                       f"in {', '.join(d)})" for store, d in stale.items())
+                             + "; rerun with --replace-store (replace_stores=True) to move it "
+                             f"into {rd.path / 'replaced'} and start over")
+        # every check passed: from here on the run directory changes
+        write_json(rd.config_path, config.to_dict())
+        (rd.path / "campaign").mkdir(exist_ok=True)
+        moved = move_aside(rd.path, [Path(f"{s}{x}") for s in stale for x in ("", "-wal", "-shm")])
+        if moved is not None:
+            reporter.note(f"moved {len(stale)} store(s) of another campaign into {moved}")
+        return _run_all(rd, config, plans, xt_len, reporter, moved)
 
-    rd, config = _resolve(run_dir, config, framework)
+
+def _check_all(rd: RunDir, config: RunConfig, trusted: str | bool
+               ) -> tuple[list[ModelPlan], int]:
     check_campaign(config)
     missing = [r.name for r in config.recipes if not rd.trained(r.name)]
     if missing:
@@ -131,71 +214,62 @@ def run_campaign(run_dir: str | os.PathLike[str] | None = None,
     if changed:
         raise ValueError(f"{rd.path}: recipe(s) {changed} differ from the ones their models "
                          "were trained with; run `bitfault train` first")
-    write_json(rd.config_path, config.to_dict())
-    c = config.campaign
     _, (xt, yt) = load_data(config.data)
-    summary: dict[str, Any] = {"framework": config.framework, "test_examples": len(yt),
+    plans = [plan_model(config, r, load_model(rd.model_dir(r.name), trusted=trusted), xt, yt)
+             for r in config.recipes]
+    return plans, len(yt)
+
+
+def _run_all(rd: RunDir, config: RunConfig, plans: list[ModelPlan], examples: int,
+             reporter: Reporter, moved: Path | None) -> dict[str, Any]:
+    from bitfault.campaign import StopWhenPrecise, run
+
+    c = config.campaign
+    summary: dict[str, Any] = {"framework": config.framework, "test_examples": examples,
                                "campaign": config.to_dict()["campaign"], "models": {}}
-    (rd.path / "campaign").mkdir(exist_ok=True)
-    for recipe in config.recipes:
-        fmt = recipe.stored_format
-        try:
-            spec = FaultSpec(format=fmt, fault=c.fault, ber=0.0, seed=c.seed)
-        except (ValueError, TypeError) as exc:
-            raise ConfigError("campaign.fault", c.fault.to_dict(), f"a fault model that fits "
-                              f"recipe {recipe.name!r}'s format {fmt} ({exc})") from None
-        model = load_model(rd.model_dir(recipe.name))
-        evaluator = make_evaluator(model, config.framework, xt, yt, c)
-        trials = build_trials(c, spec, evaluator.tensor_shapes())
-        store = rd.store_path(recipe.name)
-        if _stale(store, evaluator, spec):
-            reporter.note(f"{store}: written for another model, data set or fault model; "
-                          "starting it over")
-            _remove_store(store)
-        with reporter.bar(f"faults {recipe.name}", len(trials), "trial") as progress:
-            result = run(evaluator, trials, spec, store, batch=c.batch or 8, append=True,
-                         progress=progress)
-        rows = result.summary("accuracy")
-        summary["models"][recipe.name] = {
-            "format": fmt.to_dict(), "clean_accuracy": result.clean["accuracy"],
-            "ran": result.ran, "skipped": result.skipped, "store": str(store),
-            "rate": [r for r in rows if r["kind"] == "rate"],
-            "layer": [r for r in rows if r["kind"] == "layer"],
-            "bit": [r for r in rows if r["kind"] == "bit"]}
+    if moved is not None:
+        summary["moved_aside"] = str(moved)
+    cleans = {p.recipe.name: _clean_metrics(p) for p in plans}
+
+    def entry(plan: ModelPlan) -> dict[str, Any]:
+        name = plan.recipe.name
+        return model_summary(c, plan.spec, plan.evaluator.tensor_shapes(), cleans[name],
+                             rd.store_path(name), rd.single_faults_store_path(name))
+
+    for plan in plans:  # every model is listed from the start, with what its store holds
+        m = summary["models"][plan.recipe.name] = entry(plan)
+        m.update(ran=0, skipped=m["stored"])
+        if "single_faults" in m:
+            m["single_faults"].update(ran=0, skipped=m["single_faults"]["trials"])
+    write_json(rd.summary_path, summary)
+    for plan in plans:
+        name = plan.recipe.name
+        with reporter.bar(f"faults {name}", len(plan.trials), "trial") as progress:
+            result = run(plan.evaluator, plan.trials, plan.spec, rd.store_path(name),
+                         batch=c.batch or 8, append=True, progress=progress)
+        m = summary["models"][name] = {**entry(plan), "ran": result.ran,
+                                       "skipped": result.skipped}
         write_json(rd.summary_path, summary)
-        reporter.note(f"{recipe.name}: {result.ran} trials run, {result.skipped} already done; "
-                      f"no-fault accuracy {result.clean['accuracy']:.3f}")
-        if c.single_faults is not None:
-            summary["models"][recipe.name]["single_faults"] = _single_faults(
-                rd, recipe.name, evaluator, spec, c, reporter)
+        reporter.note(f"{name}: {result.ran} trials run, {result.skipped} already done; "
+                      f"no-fault accuracy {m['clean_accuracy']:.3f}")
+        if plan.singles:
+            stop = StopWhenPrecise(margin=c.single_faults, confidence=c.single_fault_confidence)
+            with reporter.bar(f"single faults {name}", len(plan.singles), "fault") as progress:
+                result = run(plan.evaluator, plan.singles, plan.spec,
+                             rd.single_faults_store_path(name), batch=c.batch or 64,
+                             append=True, progress=progress, stop=stop)
+            s = summary["models"][name] = {**entry(plan), "ran": m["ran"],
+                                           "skipped": m["skipped"]}
+            s["single_faults"].update(ran=result.ran, skipped=result.skipped)
             write_json(rd.summary_path, summary)
+            e = s["single_faults"]
+            reporter.note(f"{name}: {e['failures']} of {e['trials']} single faults turn a "
+                          f"correct prediction wrong (sample of {len(plan.singles)})")
+    left = incomplete(summary["models"])
+    if left:
+        reporter.note(f"incomplete: {', '.join(left)}")
     return summary
 
 
-def _single_faults(rd: RunDir, name: str, evaluator: Any, spec: FaultSpec, c: CampaignConfig,
-                   reporter: Reporter) -> dict[str, Any]:
-    """Statistical single-fault injection for one model, in its own resumable store: a
-    Leveugle-sized random sample of single bit faults, stopped once the failure share is
-    known to within ``c.single_faults``."""
-    from bitfault.campaign import StopWhenPrecise, run, sampled_single_faults
-
-    trials = sampled_single_faults(evaluator.tensor_shapes(), spec.format,
-                                   margin=c.single_faults, confidence=c.single_fault_confidence,
-                                   seed=c.seed, bits=spec.fault.bits)
-    store = rd.single_faults_store_path(name)
-    if _stale(store, evaluator, spec):
-        reporter.note(f"{store}: written for another model, data set or fault model; "
-                      "starting it over")
-        _remove_store(store)
-    stop = StopWhenPrecise(margin=c.single_faults, confidence=c.single_fault_confidence)
-    with reporter.bar(f"single faults {name}", len(trials), "fault") as progress:
-        result = run(evaluator, trials, spec, store, batch=c.batch or 64, append=True,
-                     progress=progress, stop=stop)
-    estimate = result.stopping or {}
-    reporter.note(f"{name}: {estimate.get('failures')} of {estimate.get('trials')} single "
-                  f"faults turn a correct prediction wrong (sample of {len(trials)})")
-    return {"sample_size": len(trials), "ran": result.ran, "skipped": result.skipped,
-            "store": str(store), **estimate}
-
-
-__all__ = ["build_trials", "check_campaign", "make_evaluator", "run_campaign"]
+__all__ = ["ModelPlan", "build_trials", "check_campaign", "make_evaluator", "plan_model",
+           "run_campaign", "store_differences"]

@@ -83,7 +83,7 @@ def demo(*, fast: bool = False, output: str | None = None, framework: str | None
         raise ValueError(f"{existing.path}: holds a run that is not the demo's; choose another "
                          "--output (the demo replaces what it finds there)")
     rd, trained = train(config, reporter=reporter, overwrite=True)
-    summary = run_campaign(rd.path, reporter=reporter)
+    summary = run_campaign(rd.path, reporter=reporter, replace_stores=True)
     files = make_report(rd.path)
     return {"run_dir": str(rd.path), "report": files["html"], "train": trained,
             "summary": summary, "files": files, "table": format_rate_table(summary)}

@@ -2,7 +2,10 @@
 
 Frameworks are imported when a function needs them. A saved model is rebuilt from
 ``model.json`` (framework, name, kwargs, seed, bounded ReLUs) plus its weights, so a
-user model needs its module importable again when the run is reused.
+user model needs its module importable again when the run is reused. ``model.json``
+could name any callable, so only the built-in models load from it unless the caller
+trusts the name (its own config names it, or ``trusted=True``): opening a run
+directory someone else made never runs their code.
 """
 
 from __future__ import annotations
@@ -12,8 +15,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from bitfault.config import FRAMEWORKS, ConfigError, ModelConfig
-from bitfault.jobs.run_dir import MODEL_FILES, read_json, write_json
+from bitfault.config import BUILTIN_MODELS, FRAMEWORKS, ConfigError, ModelConfig
+from bitfault.jobs.run_dir import MODEL_FILES, atomic_path, read_json, write_json
 
 
 def resolve_callable(name: str) -> Any:
@@ -110,19 +113,44 @@ def save_model(model: Any, directory: str | os.PathLike[str], framework: str,
         import torch
 
         info["relu_bounds"] = relu_bounds(model)
-        torch.save(model.state_dict(), path)
+        with atomic_path(path) as tmp:
+            torch.save(model.state_dict(), tmp)
     else:
-        model.save(path)
+        with atomic_path(path) as tmp:
+            model.save(tmp)
     write_json(directory / "model.json", info)
     return path
 
 
-def load_model(directory: str | os.PathLike[str]) -> Any:
-    """The model saved by ``save_model`` in ``directory`` (eval-ready, weights loaded)."""
+class UntrustedModel(ValueError):
+    """A model.json naming code the caller did not say to trust."""
+
+
+def check_trusted(info: dict[str, Any], path: Path, trusted: str | bool) -> None:
+    """Refuse a model.json that names a callable other than a built-in or ``trusted``."""
+    name = info.get("name")
+    if not isinstance(name, str):
+        raise ValueError(f"{path}: 'name' must be a model name, got {name!r}")
+    if name in BUILTIN_MODELS or trusted is True or name == trusted:
+        return
+    raise UntrustedModel(
+        f"{path}: names the callable {name!r}, and loading it would run that code; pass the "
+        "config that trained it (bitfault campaign CONFIG), or --trust-model-code "
+        "(trust_model_code=True) if you trust whoever wrote this run directory")
+
+
+def load_model(directory: str | os.PathLike[str], *, trusted: str | bool = False) -> Any:
+    """The model saved by ``save_model`` in ``directory`` (eval-ready, weights loaded).
+
+    ``trusted``: the one ``package.module:callable`` allowed besides the built-ins (the
+    caller's own config's ``model.name``), or True for any."""
     directory = Path(directory)
     info = read_json(directory / "model.json")
+    if not isinstance(info, dict):
+        raise ValueError(f"{directory / 'model.json'}: not a model description (a mapping)")
     framework = info.get("framework")
     _check_framework(framework)
+    check_trusted(info, directory / "model.json", trusted)
     spec = ModelConfig(info["name"], info.get("kwargs") or {})
     path = directory / MODEL_FILES[framework]
     if not path.is_file():
@@ -135,13 +163,35 @@ def load_model(directory: str | os.PathLike[str]) -> Any:
             from bitfault.torch.recipes import bound_relus_
 
             bound_relus_(model, info["relu_bounds"])
-        model.load_state_dict(torch.load(path, weights_only=True))
+        state = _read(path, lambda: torch.load(path, weights_only=True))
+        try:
+            model.load_state_dict(state)
+        except (RuntimeError, TypeError) as exc:
+            raise ValueError(f"{path}: does not fit the model model.json describes "
+                             f"({_first_line(exc)})") from None
         return model.eval()
     import keras
 
     if not spec.builtin:
         resolve_callable(spec.name)  # registers the user's custom objects, if any
-    return keras.saving.load_model(path, compile=False)
+    return _read(path, lambda: keras.saving.load_model(path, compile=False))
 
 
-__all__ = ["build_model", "load_model", "relu_bounds", "resolve_callable", "save_model"]
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+
+
+def _read(path: Path, load: Any) -> Any:
+    """``load()``, its failure one error naming ``path`` and the cause."""
+    try:
+        return load()
+    except (ImportError, MemoryError):
+        raise
+    except Exception as exc:  # torch/keras raise many kinds for a garbled file
+        raise ValueError(f"{path}: cannot be read, it may be truncated or not a saved model "
+                         f"({_first_line(exc)}); train it again") from None
+
+
+__all__ = ["UntrustedModel", "build_model", "check_trusted", "load_model", "relu_bounds",
+           "resolve_callable", "save_model"]

@@ -12,8 +12,12 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from bitfault.config import CampaignConfig, RunConfig, config_from_dict
 from bitfault.formats import format_from_dict
+from bitfault.jobs.lock import lock_run_dir
+from bitfault.jobs.progress import SILENT, Reporter
 from bitfault.jobs.run_dir import RunDir, read_json
+from bitfault.jobs.summary import incomplete, refresh
 from bitfault.recipes import Recipe
 from bitfault.report.labels import rate_name
 from bitfault.stats import format_rates
@@ -52,22 +56,46 @@ def _fmt(fmt: Any) -> str:
     return f"Float({d.get('dtype')})"
 
 
-def make_report(run_dir: str | os.PathLike[str]) -> dict[str, str]:
-    """Write ``RUN_DIR/report/`` from ``summary.json`` (run a campaign first) and the
-    models' ``history.json``; returns {artefact: path}."""
-    from bitfault.report import build_report
-
+def make_report(run_dir: str | os.PathLike[str], *,
+                reporter: Reporter = SILENT) -> dict[str, str]:
+    """Write ``RUN_DIR/report/`` from the campaign stores (as ``summary.json`` describes
+    them: run a campaign first) and the models' ``history.json``; returns {artefact:
+    path}. A model whose campaign is incomplete is named on the page and by ``reporter``."""
     rd = RunDir(run_dir)
-    config = rd.config()
+    with lock_run_dir(rd.path, "report"):
+        return _make_report(rd, reporter)
+
+
+def load_summary(rd: RunDir, config: RunConfig) -> tuple[dict[str, Any], CampaignConfig]:
+    """summary.json with each model rebuilt from its stores as they are now, and the
+    campaign settings it was measured with."""
     if not rd.summary_path.is_file():
         raise FileNotFoundError(f"{rd.summary_path}: missing; run `bitfault campaign "
                                 f"{rd.path}` first")
     summary = read_json(rd.summary_path)
-    models = {name: m for name, m in summary.get("models", {}).items()
-              if any(r.name == name for r in config.recipes)}
+    c = config_from_dict({"campaign": summary["campaign"]}).campaign \
+        if isinstance(summary.get("campaign"), dict) else config.campaign
+    summary["models"] = {
+        r.name: refresh(summary["models"][r.name], c, rd.store_path(r.name),
+                        rd.single_faults_store_path(r.name))
+        for r in config.recipes if r.name in summary.get("models", {})}
+    return summary, c
+
+
+def _make_report(rd: RunDir, reporter: Reporter) -> dict[str, str]:
+    from bitfault.report import build_report
+
+    config = rd.config()
+    summary, c = load_summary(rd, config)
+    left = incomplete(summary["models"]) + [
+        f"{r.name} (no campaign yet)" for r in config.recipes if r.name not in summary["models"]]
+    models = {name: m for name, m in summary["models"].items() if m["rate"]}
     if not models:
         raise ValueError(f"{rd.summary_path}: holds no campaign result for this run's "
                          f"recipes {[r.name for r in config.recipes]}")
+    if left:
+        reporter.note(f"incomplete: {', '.join(left)}; rerun `bitfault campaign {rd.path}` "
+                      "to finish")
     histories = {}
     for r in config.recipes:
         if rd.trained(r.name):
@@ -76,7 +104,6 @@ def make_report(run_dir: str | os.PathLike[str]) -> dict[str, str]:
                 for k, v in record.items():
                     cols.setdefault(k, []).append(v)
             histories[r.name] = cols
-    c = config.campaign
     rows_models = []
     for r in config.recipes:
         m = models.get(r.name)
@@ -93,6 +120,9 @@ def make_report(run_dir: str | os.PathLike[str]) -> dict[str, str]:
              f"{rate_name(c.fault)}: {c.chips} simulated chips per rate (chip c draws seed "
              f"{c.seed} + c for every model, so faults are nested across rates and shared "
              "across models).")
+    if left:
+        intro += (f" Incomplete campaigns, shown with the trials stored so far: "
+                  f"{', '.join(left)}.")
     columns = ("model", "stored as", "training", "test accuracy, no faults", "epochs")
     tables = [("Models", rows_models, columns)]
     more_tables = []
@@ -144,4 +174,4 @@ def format_rate_table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["describe_recipe", "format_rate_table", "make_report", "rate_table"]
+__all__ = ["describe_recipe", "format_rate_table", "load_summary", "make_report", "rate_table"]

@@ -8,6 +8,11 @@
     RUN_DIR/campaign/<recipe>.sqlite      the model's campaign store (resumable)
     RUN_DIR/summary.json                  campaign summaries per model, with clean accuracy
     RUN_DIR/report/                       PNGs, report.html, summary.csv/json
+    RUN_DIR/replaced/<time>/              what a later run replaced, under its old path
+    RUN_DIR/.lock                         who holds the directory (``bitfault.jobs.lock``)
+
+Nothing bitfault does deletes a result: what is replaced (``train --overwrite``, a
+retrained recipe, ``campaign --replace-store``) moves into ``replaced/``.
 """
 
 from __future__ import annotations
@@ -15,6 +20,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +30,9 @@ from typing import Any
 from bitfault.config import RunConfig, load_config
 
 MODEL_FILES = {"torch": "model.pt", "keras": "model.keras"}
+REPLACED = "replaced"
+# what bitfault writes at the top of a run directory (anything else there is the user's)
+OWN_NAMES = ("config.json", "models", "campaign", "summary.json", "report", REPLACED)
 
 
 def jsonable(value: Any) -> Any:
@@ -38,12 +49,49 @@ def jsonable(value: Any) -> Any:
 def write_json(path: str | os.PathLike[str], data: Any) -> str:
     """Write ``data`` as indented JSON atomically (a temporary file, then a rename)."""
     path = os.fspath(path)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(jsonable(data), fh, indent=1, sort_keys=False)
-        fh.write("\n")
-    os.replace(tmp, path)
+    text = json.dumps(jsonable(data), indent=1, sort_keys=False) + "\n"
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
     return path
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[str]:
+    """A temporary name beside ``path`` to write; renamed onto ``path`` only if the block
+    succeeds (else removed), so ``path`` is never half-written. Errors name ``path``."""
+    path = os.fspath(path)
+    head, tail = os.path.split(path)
+    stem, ext = os.path.splitext(tail)  # keep the suffix: model.keras must end in .keras
+    tmp = os.path.join(head, f".{stem}.tmp-{os.getpid()}{ext}")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException as exc:
+        with suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(exc, (OSError, RuntimeError)):
+            cause = " ".join(str(exc).split()) or type(exc).__name__
+            raise OSError(f"{path}: not written ({cause}); nothing was replaced") from exc
+        raise
+
+
+def move_aside(root: str | os.PathLike[str],
+               paths: Sequence[str | os.PathLike[str]]) -> Path | None:
+    """Move the ``paths`` that exist (inside ``root``) to ``root/replaced/<time>/``, each under
+    its path relative to ``root``; returns that folder, or None when none existed."""
+    root = Path(root)
+    found = [Path(p) for p in paths if os.path.lexists(p)]
+    if not found:
+        return None
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    dest, n = root / REPLACED / stamp, 1
+    while dest.exists():
+        dest, n = root / REPLACED / f"{stamp}-{n}", n + 1
+    for p in found:
+        target = dest / p.relative_to(root)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(p, target)
+    return dest
 
 
 def read_json(path: str | os.PathLike[str]) -> Any:
@@ -90,6 +138,11 @@ class RunDir:
     def single_faults_store_path(self, recipe: str) -> Path:
         return self.path / "campaign" / f"{recipe}.single_faults.sqlite"
 
+    def partial_model_dir(self, recipe: str) -> Path:
+        """Where a model is trained before it replaces ``model_dir`` (recipes never start
+        with '.', so this cannot be one)."""
+        return self.path / "models" / f".partial-{recipe}"
+
     def exists(self) -> bool:
         return self.config_path.is_file()
 
@@ -124,4 +177,5 @@ def training_differences(a: RunConfig, b: RunConfig) -> list[str]:
     return [k for k in TRAINING_KEYS if da[k] != db[k]]
 
 
-__all__ = ["MODEL_FILES", "RunDir", "jsonable", "read_json", "training_differences", "write_json"]
+__all__ = ["MODEL_FILES", "OWN_NAMES", "REPLACED", "RunDir", "atomic_path", "jsonable",
+           "move_aside", "read_json", "training_differences", "write_json"]

@@ -2,21 +2,30 @@
 
 Training is deterministic (fixed seeds), so a model whose recipe and training
 settings are unchanged is reused rather than trained again: rerunning ``train`` (or
-``demo``) on an existing run directory only trains what is missing.
+``demo``) on an existing run directory only trains what is missing. Everything is
+checked (config, data, model builder, campaign grid, the directory) before the first
+write, with the directory locked. Nothing is deleted: a model trained again, and with
+``overwrite`` everything a run with other settings made, moves to ``RUN_DIR/replaced/``.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+from pathlib import Path
 from typing import Any
 
 from bitfault.config import RunConfig, load_config
+from bitfault.jobs.campaign import check_campaign, plan_model
 from bitfault.jobs.data import load_data
+from bitfault.jobs.lock import lock_run_dir
 from bitfault.jobs.models import build_model, save_model
 from bitfault.jobs.progress import SILENT, Reporter
 from bitfault.jobs.run_dir import (
+    OWN_NAMES,
     RunDir,
     jsonable,
+    move_aside,
     read_json,
     training_differences,
     write_json,
@@ -32,33 +41,53 @@ def _fit(framework: str) -> Any:
     return fit
 
 
-def prepare_run_dir(config: RunConfig, *, overwrite: bool = False,
-                    reporter: Reporter = SILENT) -> tuple[RunDir, bool]:
-    """Create or reuse ``config.output``; returns (run dir, whether old models are reusable).
-
-    A run directory trained with other framework/seed/data/model/train settings is an
-    error unless ``overwrite``, which deletes its models, campaign stores and report.
-    """
-    rd = RunDir(config.output)
-    reusable = False
+def check_run_dir(rd: RunDir, config: RunConfig, overwrite: bool) -> list[str] | None:
+    """The training settings that differ from the run in ``rd`` (None: no run there yet);
+    raises where training there is refused. Reads only."""
     if rd.exists():
-        old = rd.config()
-        diffs = training_differences(old, config)
+        diffs = training_differences(rd.config(), config)
         if diffs and not overwrite:
             raise ValueError(f"{rd.path}: holds a run trained with different "
                              f"{', '.join(diffs)}; choose another output directory or "
                              "overwrite it (--overwrite)")
-        if diffs:
-            reporter.note(f"{rd.path}: settings changed ({', '.join(diffs)}); starting over")
-            for sub in ("models", "campaign", "report"):
-                shutil.rmtree(rd.path / sub, ignore_errors=True)
-            rd.summary_path.unlink(missing_ok=True)
-        reusable = not diffs
-    elif rd.path.exists() and not rd.path.is_dir():
+        return diffs
+    if rd.path.exists() and not rd.path.is_dir():
         raise ValueError(f"{rd.path}: exists and is not a directory")
+    if rd.path.is_dir():
+        mixed = sorted(n for n in OWN_NAMES if os.path.lexists(rd.path / n))
+        if mixed:
+            raise ValueError(f"{rd.path}: not a run directory (no config.json) but holds "
+                             f"{', '.join(mixed)}; choose another output directory")
+    return None
+
+
+def check_training(config: RunConfig) -> Any:
+    """Load the data, build the model once and check the campaign grid against it, before
+    anything is written; returns the data."""
+    data = load_data(config.data)
+    check_campaign(config, stored_formats=False)
+    model = build_model(config.model, config.framework, config.seed)
+    (_, _), (xt, yt) = data
+    for recipe in config.recipes:
+        if recipe.stored_format is not None:
+            plan_model(config, recipe, model, xt, yt)
+    return data
+
+
+def prepare_run_dir(config: RunConfig, *, overwrite: bool = False,
+                    reporter: Reporter = SILENT) -> tuple[RunDir, bool]:
+    """Create or reuse ``config.output`` (call it holding the lock, after every check);
+    returns (run dir, whether old models are reusable). With ``overwrite``, a run
+    trained with other settings moves into ``RUN_DIR/replaced/<time>/``."""
+    rd = RunDir(config.output)
+    diffs = check_run_dir(rd, config, overwrite)
+    if diffs:
+        moved = move_aside(rd.path, [rd.path / n for n in OWN_NAMES if n != "replaced"])
+        reporter.note(f"{rd.path}: settings changed ({', '.join(diffs)}); the old run moved "
+                      f"to {moved}")
     rd.path.mkdir(parents=True, exist_ok=True)
     write_json(rd.config_path, config.to_dict())
-    return rd, reusable
+    return rd, diffs is not None and not diffs
 
 
 def _reusable(rd: RunDir, recipe: Recipe) -> bool:
@@ -75,35 +104,39 @@ def train(config: RunConfig | Any, *, reporter: Reporter = SILENT,
     path}``.
     """
     config = load_config(config)
-    rd, reusable = prepare_run_dir(config, overwrite=overwrite, reporter=reporter)
-    results: dict[str, dict[str, Any]] = {}
-    data = None
-    for recipe in config.recipes:
-        directory = rd.model_dir(recipe.name)
-        if reusable and _reusable(rd, recipe):
-            history = rd.history(recipe.name)
-            reporter.note(f"{recipe.name}: already trained in {directory}, reused")
-            trained = False
-        else:
-            if data is None:
-                data = load_data(config.data)
-            history = [r.to_dict() for r in _train_one(config, recipe, data, rd, reporter)]
-            trained = True
-        last = history[-1] if history else {}
-        results[recipe.name] = {
-            "trained": trained, "epochs": len(history),
-            "val_accuracy": last.get("val_accuracy"),
-            "seconds": sum((h.get("seconds") or 0.0) for h in history),
-            "model": str(rd.model_file(recipe.name, config.framework))}
+    rd = RunDir(config.output)
+    check_run_dir(rd, config, overwrite)
+    data = check_training(config)
+    rd.path.mkdir(parents=True, exist_ok=True)
+    with lock_run_dir(rd.path, "train"):
+        rd, reusable = prepare_run_dir(config, overwrite=overwrite, reporter=reporter)
+        results: dict[str, dict[str, Any]] = {}
+        for recipe in config.recipes:
+            directory = rd.model_dir(recipe.name)
+            if reusable and _reusable(rd, recipe):
+                history = rd.history(recipe.name)
+                reporter.note(f"{recipe.name}: already trained in {directory}, reused")
+                trained = False
+            else:
+                history = [r.to_dict() for r in _train_one(config, recipe, data, rd, reporter)]
+                trained = True
+            last = history[-1] if history else {}
+            results[recipe.name] = {
+                "trained": trained, "epochs": len(history),
+                "val_accuracy": last.get("val_accuracy"),
+                "seconds": sum((h.get("seconds") or 0.0) for h in history),
+                "model": str(rd.model_file(recipe.name, config.framework))}
     return rd, results
 
 
 def _train_one(config: RunConfig, recipe: Recipe, data: Any, rd: RunDir,
                reporter: Reporter) -> list[EpochRecord]:
+    """Train into ``models/.partial-<recipe>/``, then swap it in; an old model and its
+    stores move to ``RUN_DIR/replaced/``."""
     (x, y), (xt, yt) = data
-    directory = rd.model_dir(recipe.name)
-    if directory.exists():
-        shutil.rmtree(directory)
+    partial = rd.partial_model_dir(recipe.name)
+    if partial.exists():  # left by a train that was killed: bitfault's own, unfinished
+        shutil.rmtree(partial)
     model = build_model(config.model, config.framework, config.seed)
     fit = _fit(config.framework)
     t = config.train
@@ -111,13 +144,22 @@ def _train_one(config: RunConfig, recipe: Recipe, data: Any, rd: RunDir,
         history = fit(model, x, y, recipe, epochs=t.epochs, batch_size=t.batch_size, lr=t.lr,
                       optimizer=t.optimizer, weight_decay=t.weight_decay, seed=config.seed,
                       x_val=xt, y_val=yt, progress=update)
-    save_model(model, directory, config.framework, config.model, config.seed)
-    write_json(directory / "recipe.json", recipe.to_dict())
-    write_json(directory / "history.json", [r.to_dict() for r in history])  # written last
+    save_model(model, partial, config.framework, config.model, config.seed)
+    write_json(partial / "recipe.json", recipe.to_dict())
+    write_json(partial / "history.json", [r.to_dict() for r in history])
+    directory = rd.model_dir(recipe.name)
+    old = [directory] + [Path(f"{s}{x}") for s in (rd.store_path(recipe.name),
+                                                    rd.single_faults_store_path(recipe.name))
+                         for x in ("", "-wal", "-shm")]
+    moved = move_aside(rd.path, old)
+    if moved is not None:
+        reporter.note(f"{recipe.name}: the model it replaces (and its campaign stores) moved "
+                      f"to {moved}")
+    os.replace(partial, directory)
     if history:
         reporter.note(f"{recipe.name}: test accuracy {history[-1].val_accuracy:.3f} "
                       f"(clean stored weights) after {len(history)} epochs")
     return history
 
 
-__all__ = ["prepare_run_dir", "train"]
+__all__ = ["check_run_dir", "check_training", "prepare_run_dir", "train"]
