@@ -154,12 +154,16 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("config", help="config file (.yaml, .yml, .toml or .json)")
     t.add_argument("--output", default=None, help="run directory (default: the config's)")
     _framework(t, "override the config's framework")
-    t.add_argument("--overwrite", action="store_true", help="replace a run directory trained "
-                   "with other settings")
+    t.add_argument("--overwrite", action="store_true", help="start over in a run directory "
+                   "trained with other settings (the old run moves to RUN_DIR/replaced/)")
 
     c = sub.add_parser("campaign", help="measure the trained models under bit faults")
     c.add_argument("source", help="a run directory, or a config (its output is the run)")
     c.add_argument("--output", default=None, help="run directory, when SOURCE is a config")
+    c.add_argument("--replace-store", action="store_true", help="start a store of another "
+                   "campaign over (the old store moves to RUN_DIR/replaced/)")
+    c.add_argument("--trust-model-code", action="store_true", help="load a model.json naming "
+                   "a package.module:callable without a config that names it (runs its code)")
     _framework(c, "must match the run's framework")
 
     r = sub.add_parser("report", help="write RUN_DIR/report: plots, report.html, CSV/JSON")
@@ -248,7 +252,9 @@ def _campaign(args: argparse.Namespace, reporter: Any) -> tuple[dict[str, Any], 
         from bitfault.jobs import RunDir
 
         _run_needs("campaign", RunDir(args.source).config())
-        summary = run_campaign(args.source, framework=args.framework, reporter=reporter)
+        summary = run_campaign(args.source, framework=args.framework, reporter=reporter,
+                               replace_stores=args.replace_store,
+                               trust_model_code=args.trust_model_code)
         run_dir = args.source
     else:
         from bitfault.config import load_config
@@ -258,12 +264,15 @@ def _campaign(args: argparse.Namespace, reporter: Any) -> tuple[dict[str, Any], 
             config = config.replace(output=args.output)
         _run_needs("campaign", config)
         summary = run_campaign(config.output, config, framework=args.framework,
-                               reporter=reporter)
+                               reporter=reporter, replace_stores=args.replace_store,
+                               trust_model_code=args.trust_model_code)
         run_dir = config.output
     from bitfault.jobs import RunDir
 
     result = {"run_dir": str(run_dir), "summary": str(RunDir(run_dir).summary_path),
               "models": _models_json(summary)}
+    if "moved_aside" in summary:
+        result["moved_aside"] = summary["moved_aside"]
     return result, f"{format_rate_table(summary)}\n\nnext: bitfault report {run_dir}"
 
 
@@ -271,7 +280,7 @@ def _report(args: argparse.Namespace, reporter: Any) -> tuple[dict[str, Any], st
     from bitfault.jobs import make_report
 
     require("report", ("matplotlib",))
-    files = make_report(args.run_dir)
+    files = make_report(args.run_dir, reporter=reporter)
     plots = sum(p.endswith(".png") for p in files.values())
     return ({"report": files["html"], "files": files},
             f"report: {files['html']} ({plots} plots; numbers in summary.csv/json)")
