@@ -23,7 +23,7 @@ from torch import nn
 from torch.func import functional_call
 
 from bitfault.faults import BitFlip, _FaultBase
-from bitfault.formats import Format
+from bitfault.formats import Format, gradient_bounds
 from bitfault.maps import FaultMap
 from bitfault.recipes import (
     CALIBRATION_SAMPLES,
@@ -72,7 +72,8 @@ def quantised_weights(model: nn.Module, format: Format, maps: Mapping[str, Fault
         clean = [params[n] for n in names]
         with torch.no_grad():
             faulty = faulty_group([c.detach() for c in clean], format, fault, faults)
-        out.update(zip(names, _through(clean, faulty, False), strict=True))
+        out.update(zip(names, _through(clean, faulty, False, bounds=gradient_bounds(format)),
+                       strict=True))
     return out
 
 
