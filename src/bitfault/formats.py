@@ -508,6 +508,18 @@ def is_format(obj: Any) -> bool:
     return isinstance(obj, _FormatBase) or isinstance(obj, Format)
 
 
+def gradient_bounds(fmt: Any) -> tuple[float, float] | None:
+    """The closed interval of clean values the straight-through gradient passes through
+    (zero outside, as in torch.ao's fake quantisation); None: every value passes.
+
+    FixedPoint: its ``range``; Float: plus or minus its largest finite value; IntQuant
+    (and formats bitfault does not know): None, its scale comes from the tensor itself.
+    """
+    if isinstance(fmt, (FixedPoint, Float)):
+        return fmt.range
+    return None
+
+
 def format_from_dict(data: dict[str, Any]) -> Format:
     """Rebuild a format from ``to_dict()`` output; unknown kinds or keys are errors."""
     if not isinstance(data, dict) or "kind" not in data:
@@ -533,4 +545,5 @@ __all__ = [
     "QuantParams",
     "container_dtype",
     "format_from_dict",
+    "gradient_bounds",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import bitfault as bf
 from bitfault.keras import fault_maps, faulty_layers, inject
@@ -102,3 +103,46 @@ def test_keras_and_torch_fault_the_same_bits(spec: bf.FaultSpec) -> None:
                                else keras_value.T)
             assert same_bits(in_torch_layout, expected), name
     handle.remove()
+
+
+SATURATING = [bf.FixedPoint(8, 4), bf.FixedPoint(32, 28), bf.FixedPoint(8, 4, overflow="wrap"),
+              bf.Float("float16"), bf.Float("bfloat16"), bf.IntQuant(8)]
+
+
+@pytest.mark.parametrize("fmt", SATURATING, ids=repr)
+def test_ste_gradient_masks_are_identical_in_keras_and_torch(fmt) -> None:
+    """Zero where a clean weight lies outside the format's range, the upstream gradient
+    (exact here: small integers) elsewhere, the same elements in both frameworks."""
+    rng = np.random.default_rng(0)
+    bounds = bf.formats.gradient_bounds(fmt)
+    scale = 1.0 if bounds is None else min(bounds[1] * 1.5, float(np.finfo(np.float32).max))
+    weight = (rng.uniform(-1, 1, (5, 6)) * scale).astype(np.float32)
+    bias = (rng.uniform(-1, 1, 5) * scale).astype(np.float32)
+    weight.flat[:2] = bias[:2] = [-scale, scale]  # beyond both ends (bfloat16: float32's)
+    x = rng.integers(-3, 4, (4, 6)).astype(np.float32)
+    g = rng.integers(-3, 4, (4, 5)).astype(np.float32)
+    spec = bf.FaultSpec(format=fmt, ber=0.05, seed=0, targets=("weights", "biases"))
+
+    net = torch.nn.Linear(6, 5)
+    with torch.no_grad():
+        net.weight.copy_(torch.from_numpy(weight))
+        net.bias.copy_(torch.from_numpy(bias))
+    inject_(net, spec)
+    net(torch.from_numpy(x)).backward(torch.from_numpy(g))
+
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(5, name="fc")])
+    model.get_layer("fc").set_weights([weight.T, bias])
+    fmodel = inject(model, spec)
+    layer = fmodel.get_layer("fc").layer
+    with tf.GradientTape() as tape:
+        out = tf.reduce_sum(fmodel(x) * g)
+    kernel_grad, bias_grad = tape.gradient(out, [layer.kernel, layer.bias])
+
+    for clean, torch_grad, keras_grad, upstream in (
+            (weight, net.weight.grad.numpy(), kernel_grad.numpy().T, g.T @ x),
+            (bias, net.bias.grad.numpy(), bias_grad.numpy(), g.sum(0))):
+        inside = (np.ones(clean.shape, bool) if bounds is None
+                  else (clean >= bounds[0]) & (clean <= bounds[1]))
+        assert bounds is None or not inside.all()
+        expected = np.where(inside, upstream, np.float32(0))
+        assert same_bits(torch_grad, expected) and same_bits(keras_grad, expected)

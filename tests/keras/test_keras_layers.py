@@ -180,3 +180,43 @@ def test_layer_construction_errors_are_clear() -> None:
         FaultyLayer(keras.layers.Dense(3), seed_spec(), tensor_prefix="")
     with pytest.raises(TypeError, match="already a FaultyLayer"):
         FaultyLayer(FaultyDense(3, spec=seed_spec()), seed_spec())
+
+
+def test_issue_setup_keeps_saturated_kernels_where_they_left_the_range() -> None:
+    """SGD, large lr, FixedPoint(32, 28), a permanent map at ber 2e-3 on the seed MLP: a
+    kernel element outside [-8, 8) gets no gradient, so it never moves again."""
+    from bitfault.models.keras import seed_mlp
+
+    keras.utils.set_random_seed(0)
+    fmodel = inject(seed_mlp(hidden=64), bf.FaultSpec(format=bf.FixedPoint(32, 28), ber=2e-3,
+                                                      seed=0))
+    fmodel.compile(keras.optimizers.SGD(2.0),
+                   keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    rng = np.random.default_rng(0)
+    x, y = rng.random((192, 784), np.float32), rng.integers(0, 10, 192)
+    kernels = [v for v in fmodel.trainable_variables if v.path.endswith("kernel")]
+    lo, hi = -8.0, 8.0 - 2.0**-28
+    escaped = 0
+    for i in range(12):
+        before = [k.numpy().copy() for k in kernels]
+        fmodel.train_on_batch(x[i * 16:(i + 1) * 16], y[i * 16:(i + 1) * 16])
+        for k, w in zip(kernels, before, strict=True):
+            outside = (w < lo) | (w > hi)
+            escaped += int(outside.sum())
+            assert np.array_equal(k.numpy()[outside], w[outside])
+    assert escaped > 0
+
+
+def test_kernels_pushed_out_of_range_stop_one_step_past_the_end() -> None:
+    fmt = bf.FixedPoint(8, 4)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, use_bias=False,
+                                                                    name="fc")])
+    fmodel = inject(model, bf.FaultSpec(format=fmt, ber=0.05, seed=1))
+    kernel = fmodel.get_layer("fc").layer.kernel
+    opt = keras.optimizers.SGD(0.5)
+    for _ in range(50):  # the gradient of -4 * sum(kernel) is -4: each step adds 2
+        with tf.GradientTape() as tape:
+            loss = -4 * tf.reduce_sum(fmodel(np.eye(4, dtype=np.float32)))
+        opt.apply_gradients(zip(tape.gradient(loss, [kernel]), [kernel], strict=True))
+    _, hi = fmt.range
+    assert hi < float(kernel.numpy().min()) and float(kernel.numpy().max()) <= hi + 2.0

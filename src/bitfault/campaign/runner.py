@@ -324,6 +324,8 @@ def run(
     for a tqdm bar on stderr (trials done, rate, ETA), or ``fn(done, total)``;
     None/False is quiet. ``stop``: end early once the failure share is precise
     enough (``StopWhenPrecise``; trials in random order, e.g. ``sampled_single_faults``).
+    ``fn(done, total)`` counts every trial of ``trials``: a first call before any runs says
+    how many earlier runs stored; a campaign stopped early ends below ``total``.
     """
     if not trials:
         raise ValueError("trials must not be empty (build them with rate_sweep, layer_sweep, "
@@ -374,7 +376,10 @@ def run(
             results = _run_ray(evaluator, chunks, spec, shapes, ray_address, workers)
         else:
             results = _run_local(evaluator, chunks, spec, shapes)
-        bar, report = _progress(progress, len(todo))
+        already = len(wanted & done)
+        bar, report = _progress(progress, len(trials), already)
+        if report is not None:  # where it starts: what earlier runs stored
+            report(already, len(trials))
         finished = 0
         began = time.time()
         try:
@@ -394,7 +399,7 @@ def run(
                 db.add_many(rows)
                 finished += len(rows)
                 if report is not None:
-                    report(finished, len(todo))
+                    report(already + finished, len(trials))
                 if stop is not None:
                     failures += sum(stop.failed(r["metrics"], clean_metrics) for r in rows)
                     estimate = stop.estimate(failures, tried + finished)
@@ -404,14 +409,17 @@ def run(
         finally:
             results.close()  # a Ray executor cancels the tasks left
             if bar is not None:
+                if estimate and estimate["reached"] and already + finished < len(trials):
+                    before = f"{already} done before, " if already else ""
+                    bar.set_postfix_str(before + stop.describe(estimate))
                 bar.close()
         records = [r for r in db.records() if r.trial_key in wanted]
-    return CampaignResult(records, ran=finished, skipped=len(wanted & done), clean=clean_metrics,
+    return CampaignResult(records, ran=finished, skipped=already, clean=clean_metrics,
                           stopping=estimate)
 
 
-def _progress(progress: bool | Callable[[int, int], None] | None,
-              total: int) -> tuple[Any, Callable[[int, int], None] | None]:
+def _progress(progress: bool | Callable[[int, int], None] | None, total: int,
+              already: int) -> tuple[Any, Callable[[int, int], None] | None]:
     """(a tqdm bar to close, or None; the callback ``run`` reports to, or None)."""
     if progress is None or progress is False:
         return None, None
@@ -422,7 +430,9 @@ def _progress(progress: bool | Callable[[int, int], None] | None,
     except ImportError:
         raise ImportError("progress=True needs tqdm: pip install tqdm (or 'bitfault[cli]')") \
             from None
-    bar = tqdm(total=total, desc="campaign", unit="trial")
+    bar = tqdm(total=total, initial=already, desc="campaign", unit="trial")
+    if already:
+        bar.set_postfix_str(f"{already} done before", refresh=False)
     return bar, lambda done, _: bar.update(done - bar.n)
 
 

@@ -65,6 +65,13 @@ class StopWhenPrecise:
     def failed(self, metrics: Mapping[str, float], clean: Mapping[str, float]) -> bool:
         return bool((self.failure or turns_a_correct_prediction_wrong)(metrics, clean))
 
+    def describe(self, estimate: Mapping[str, Any]) -> str:
+        """One line for a campaign it ended early: the failure share and its interval."""
+        lo, hi = estimate["interval"]
+        return (f"stopped early: failure share {estimate['share']:.3f} +/- {(hi - lo) / 2:.3f} "
+                f"({self.confidence:.0%} Wilson interval, margin {self.margin}) after "
+                f"{estimate['trials']} trials")
+
     def estimate(self, failures: int, trials: int) -> dict[str, Any]:
         """The failure share so far, its interval, and whether it is precise enough."""
         if trials == 0:

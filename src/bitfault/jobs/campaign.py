@@ -258,6 +258,8 @@ def _run_all(rd: RunDir, config: RunConfig, plans: list[ModelPlan], examples: in
                 result = run(plan.evaluator, plan.singles, plan.spec,
                              rd.single_faults_store_path(name), batch=c.batch or 64,
                              append=True, progress=progress, stop=stop)
+                if result.stopping["reached"] and len(result.records) < len(plan.singles):
+                    progress.note(stop.describe(result.stopping))
             s = summary["models"][name] = {**entry(plan), "ran": m["ran"],
                                            "skipped": m["skipped"]}
             s["single_faults"].update(ran=result.ran, skipped=result.skipped)

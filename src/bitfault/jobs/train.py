@@ -140,10 +140,17 @@ def _train_one(config: RunConfig, recipe: Recipe, data: Any, rd: RunDir,
     model = build_model(config.model, config.framework, config.seed)
     fit = _fit(config.framework)
     t = config.train
-    with reporter.bar(f"train {recipe.name}", t.epochs, "epoch") as update:
+    per_epoch = -(-len(x) // t.batch_size)
+    with reporter.bar(f"train {recipe.name}", t.epochs * per_epoch, "step") as bar:
+        bar(0)
+
+        def on_step(step: int, loss: float) -> None:
+            bar.note(f"epoch {(step - 1) // per_epoch + 1}/{t.epochs}, loss {loss:.4f}")
+            bar(step)
+
         history = fit(model, x, y, recipe, epochs=t.epochs, batch_size=t.batch_size, lr=t.lr,
                       optimizer=t.optimizer, weight_decay=t.weight_decay, seed=config.seed,
-                      x_val=xt, y_val=yt, progress=update)
+                      x_val=xt, y_val=yt, on_step=on_step)
     save_model(model, partial, config.framework, config.model, config.seed)
     write_json(partial / "recipe.json", recipe.to_dict())
     write_json(partial / "history.json", [r.to_dict() for r in history])

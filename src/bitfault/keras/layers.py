@@ -5,9 +5,11 @@ optimizer updates and what is saved) and, per call, computes their faulty
 values in one fused XLA pass, then runs the inner layer with those values
 substituted for the variables (``keras.StatelessScope``: nothing is assigned).
 Under ``gradient="ste"`` the faulty values pass their gradient straight to
-the clean variables; under ``"blocked"`` they pass none, as the seed program's
-``tf.stop_gradient`` did. Fault masks are non-trainable integer variables in
-Keras layout, drawn from the NumPy core in PyTorch layout.
+the clean variables (zero where a clean value lies outside what the format
+stores, ``bitfault.formats.gradient_bounds``); under ``"blocked"`` they pass
+none, as the seed program's ``tf.stop_gradient`` did. Fault masks are
+non-trainable integer variables in Keras layout, drawn from the NumPy core in
+PyTorch layout.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import keras
 import tensorflow as tf
 
 from bitfault.faults import FaultModel
-from bitfault.formats import Format, IntQuant
+from bitfault.formats import Format, IntQuant, gradient_bounds
 from bitfault.keras.layouts import (
     SUPPORTED_NAMES,
     Slot,
@@ -161,7 +163,7 @@ class FaultyLayer(keras.layers.Wrapper):
         if params:
             values, masks = _read(params)
             faulty = straight_through(self._fused_for([s for s, _ in params]), values, masks,
-                                      self.spec.gradient)
+                                      self.spec.gradient, gradient_bounds(self.spec.format))
             substitutes = [(s.variable, f) for (s, _), f in zip(params, faulty, strict=True)]
             with _substituted(substitutes) as scope:
                 outputs = self.layer(inputs, *args, **kwargs)
@@ -180,7 +182,7 @@ class FaultyLayer(keras.layers.Wrapper):
             raise TypeError(f"activation faults on {slot.name!r} need float32 outputs, got "
                             f"{x.dtype.name} (mixed precision is supported for weights only)")
         return straight_through(self._fused_for([slot]), [x], [tf.convert_to_tensor(mask.value)],
-                                self.spec.gradient)[0]
+                                self.spec.gradient, gradient_bounds(self.spec.format))[0]
 
     # ---- maps -----------------------------------------------------------------------------
 

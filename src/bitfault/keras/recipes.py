@@ -24,7 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from bitfault.faults import BitFlip, _FaultBase
-from bitfault.formats import Format
+from bitfault.formats import Format, gradient_bounds
 from bitfault.keras.layers import USE_XLA, _channel_axis, _fused
 from bitfault.keras.layouts import SUPPORTED_LAYERS, Slot, dense_mask, plan_slots
 from bitfault.keras.transforms import check_supported, straight_through
@@ -126,7 +126,8 @@ class _Stored:
     def values(self, masks: list[tf.Tensor], clean: list[Any] | None = None) -> list[tf.Tensor]:
         if clean is None:
             clean = [tf.convert_to_tensor(s.variable.value) for s in self.slots]
-        return straight_through(self.fused, clean, masks, "ste")
+        return straight_through(self.fused, clean, masks, "ste",
+                                gradient_bounds(self.spec.format))
 
 
 def quantised_weights(model: keras.Model, format: Format,

@@ -261,7 +261,8 @@ def evaluate(model: keras.Model, x: Any, y: Any, recipe_or_format: Recipe | Form
 def fit(model: keras.Model, x: Any, y: Any, recipe: Recipe, *, epochs: int,
         batch_size: int = 100, lr: float = 0.05, optimizer: str = "sgd",
         weight_decay: float = 0.0, seed: int = 0, x_val: Any = None, y_val: Any = None,
-        progress: Callable[[int, int], Any] | None = None) -> list[EpochRecord]:
+        progress: Callable[[int, int], Any] | None = None,
+        on_step: Callable[[int, float], Any] | None = None) -> list[EpochRecord]:
     """Train ``model`` (logits out, integer labels) in place as ``recipe`` says; one
     :class:`EpochRecord` per epoch (``epoch`` counts from 1).
 
@@ -270,13 +271,16 @@ def fit(model: keras.Model, x: Any, y: Any, recipe: Recipe, *, epochs: int,
     convention). A float ``activation_clip`` bounds the ReLUs in place before training;
     ``"calibrate"`` bounds them after the first epoch at the ``activation_quantile`` of
     their outputs on the first 1,000 training samples (quantised forward), later epochs
-    train bounded. ``progress(epoch, epochs)`` is called after each epoch. Afterwards
+    train bounded. ``progress(epoch, epochs)`` is called after each epoch, ``on_step(steps,
+    loss)`` after each mini-batch (steps so far, the epoch's running mean loss). Afterwards
     ``model`` holds the trained float weights (clipped) and its own constraints again.
     """
     recipe = _check(model, recipe)
     xa, ya = _check_data(model, x, y, "x", "y")
     epochs, batch_size, lr, weight_decay, seed = check_fit_settings(
         epochs, batch_size, lr, optimizer, weight_decay, seed, progress)
+    if on_step is not None and not callable(on_step):
+        raise TypeError(f"on_step must be a callable (steps, loss) or None, got {on_step!r}")
     if (x_val is None) != (y_val is None):
         raise ValueError("give both x_val and y_val, or neither")
     val = None if x_val is None else _check_data(model, x_val, y_val, "x_val", "y_val")
@@ -308,6 +312,8 @@ def fit(model: keras.Model, x: Any, y: Any, recipe: Recipe, *, epochs: int,
                 n = len(idx)
                 sums += (n, clean * n, pert * n if on else 0.0, n if on else 0, hits)
                 step += 1
+                if on_step is not None:
+                    on_step(step, float((sums[1] + sums[2]) / sums[0]))
             if trained is not model:  # the injected twin's trained weights, back home
                 for (layer, _), (twin, _) in zip(_leaves(model), _leaves(trained), strict=True):
                     for v, w in zip(layer.weights, twin.weights, strict=True):

@@ -221,8 +221,10 @@ def fused_fault_function(fns: Sequence[FaultFn], jit: bool = True) -> Any:
 
 
 def straight_through(fused: Any, values: list[tf.Tensor], masks: list[tf.Tensor],
-                     gradient: str) -> list[tf.Tensor]:
-    """The faulty values; "ste": gradient passes to ``values`` unchanged; "blocked": none."""
+                     gradient: str, bounds: tuple[float, float] | None = None
+                     ) -> list[tf.Tensor]:
+    """The faulty values; "ste": gradient passes to ``values`` unchanged (exactly zero
+    where a value lies outside ``bounds``, see ``gradient_bounds``); "blocked": none."""
     if gradient == "blocked":
         return [tf.stop_gradient(v) for v in fused(values, masks)]
     n = len(values)
@@ -232,6 +234,10 @@ def straight_through(fused: Any, values: list[tf.Tensor], masks: list[tf.Tensor]
         out = fused(list(args[:n]), list(args[n:]))
 
         def grad(*dys: tf.Tensor) -> list[Any]:
+            if bounds is not None:
+                lo, hi = bounds
+                dys = tuple(tf.where((v >= lo) & (v <= hi), dy, tf.zeros_like(dy))
+                            for v, dy in zip(args[:n], dys, strict=True))
             return [*dys, *([None] * n)]
 
         return out, grad

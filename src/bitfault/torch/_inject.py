@@ -12,7 +12,8 @@ calls the class's. Activations are faulted by forward hooks on their modules.
 Parameters, ``state_dict()`` and optimizers only ever see the clean tensors.
 Gradients pass straight through the fault (``ste``: the faulty tensor is an
 identity view of the clean one whose memory holds the faulty values, so
-autograd's own view backward hands the gradient on) or not at all
+autograd's own view backward hands the gradient on; zero where the clean value
+lies outside what the format stores, ``gradient_bounds``) or not at all
 (``blocked``). ``remove()`` takes all of it off again.
 """
 
@@ -29,6 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from bitfault.formats import gradient_bounds
 from bitfault.inject import InjectionStats, check_map_fits, inject_with_stats
 from bitfault.maps import FaultMap
 from bitfault.spec import FaultSpec
@@ -66,12 +68,26 @@ class _StraightThrough(torch.autograd.Function):
         return (None, None, *grads)
 
 
+def _zero_outside(clean: torch.Tensor, bounds: tuple[float, float]
+                  ) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A gradient hook: the gradient where ``clean`` lies in ``bounds``, exactly 0 elsewhere."""
+    lo, hi = bounds
+    values = clean.detach()
+
+    def hook(grad: torch.Tensor) -> torch.Tensor:
+        return torch.where((values >= lo) & (values <= hi), grad, grad.new_zeros(()))
+
+    return hook
+
+
 def _through(clean: Sequence[torch.Tensor], faulty: Sequence[torch.Tensor],
-             blocked: bool, kept: bool = False) -> list[torch.Tensor]:
+             blocked: bool, kept: bool = False,
+             bounds: tuple[float, float] | None = None) -> list[torch.Tensor]:
     """``faulty`` wired into autograd as functions of ``clean`` (when grad is on and needed).
 
     ``kept``: the faulty tensors are views the kernel keeps and writes again later; only
     fresh aliases of them are handed out (so their memory's use count shows who holds it).
+    ``bounds``: the gradient is zero where a clean value lies outside (``gradient_bounds``).
     """
     if not faulty:
         return []
@@ -84,6 +100,8 @@ def _through(clean: Sequence[torch.Tensor], faulty: Sequence[torch.Tensor],
         if c.requires_grad:  # an identity view of the clean tensor that holds the faulty values:
             view = c.view_as(c)  # autograd's own (C++) identity backward, and the gradient
             view.data = f  # reaches the clean tensor untouched (no Python node, no copy)
+            if bounds is not None:  # ... but for values the format cannot store
+                view.register_hook(_zero_outside(c, bounds))
             f = view
         elif kept:
             f = f.detach()
@@ -353,7 +371,8 @@ class FaultHandle:
                 faulty = faulty_group([c.detach() for c in clean], spec.format, spec.fault, faults,
                                       buffers=self._buffers, reuse_output=reuse_output)
             out.update(zip(names, _through(clean, faulty, spec.gradient == "blocked",
-                                           kept=reuse_output), strict=True))
+                                           kept=reuse_output,
+                                           bounds=gradient_bounds(spec.format)), strict=True))
         return out
 
     def _slots(self, root: nn.Module) -> list[tuple[nn.Module, str, str]]:
@@ -428,7 +447,8 @@ class FaultHandle:
                 else output.detach().cpu().numpy()
             self._act_stats[name] = inject_with_stats(arr, spec.format, spec.fault,
                                                       batch_map(fmap, int(output.shape[0])))[1]
-        return _through([output], [faulty], spec.gradient == "blocked")[0]
+        return _through([output], [faulty], spec.gradient == "blocked",
+                        bounds=gradient_bounds(spec.format))[0]
 
 
 def _plan(model: nn.Module, spec: FaultSpec, chosen: list[tuple[str, nn.Module]]

@@ -221,14 +221,16 @@ def evaluate(model: nn.Module, x: Any, y: Any, recipe_or_format: Recipe | Format
 def fit(model: nn.Module, x: Any, y: Any, recipe: Recipe, *, epochs: int, batch_size: int = 100,
         lr: float = 0.05, optimizer: str = "sgd", weight_decay: float = 0.0, seed: int = 0,
         x_val: Any = None, y_val: Any = None,
-        progress: Callable[[int, int], None] | None = None) -> list[EpochRecord]:
+        progress: Callable[[int, int], None] | None = None,
+        on_step: Callable[[int, float], Any] | None = None) -> list[EpochRecord]:
     """Train ``model`` in place as ``recipe`` says; one :class:`EpochRecord` per epoch.
 
     Cross-entropy on mini-batches shuffled by ``torch.Generator().manual_seed(seed)``;
     ``optimizer``: "sgd" (momentum 0.9) or "adam". ``activation_clip="calibrate"``
     bounds the ReLUs after the first epoch at the ``activation_quantile`` of their
     outputs on the first 1,000 training samples; later epochs train bounded.
-    ``progress(epoch, epochs)`` is called after each epoch. Afterwards the model holds
+    ``progress(epoch, epochs)`` is called after each epoch, ``on_step(steps, loss)`` after
+    each mini-batch (steps so far, the epoch's running mean loss). Afterwards the model holds
     plain float weights (trained, clipped) and no hooks; it is left in the training
     mode it came in.
     """
@@ -241,6 +243,8 @@ def fit(model: nn.Module, x: Any, y: Any, recipe: Recipe, *, epochs: int, batch_
         raise ValueError("model has faults injected (a live inject_ handle); remove() it first")
     epochs, batch_size, lr, weight_decay, seed = check_fit_settings(
         epochs, batch_size, lr, optimizer, weight_decay, seed, progress)
+    if on_step is not None and not callable(on_step):
+        raise TypeError(f"on_step must be a callable (steps, loss) or None, got {on_step!r}")
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise ValueError("model has no trainable parameter")
@@ -307,6 +311,8 @@ def fit(model: nn.Module, x: Any, y: Any, recipe: Recipe, *, epochs: int, batch_
                 sums += (n, clean * n, 0.0 if math.isnan(pert) else pert * n,
                          0 if math.isnan(pert) else n, correct)
                 step += 1
+                if on_step is not None:
+                    on_step(step, float((sums[1] + sums[2]) / sums[0]))
             if handle is not None:  # clean quantised weights for calibration and validation
                 handle.remove()
             if relu_bound == "calibrate" and epoch == 0:
