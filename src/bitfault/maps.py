@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 from numpy.random.bit_generator import ISeedSequence
 
+from bitfault.errors import check_rate, check_seed
 from bitfault.faults import BitSelection, resolve_bits
 from bitfault.formats import Format, is_format
 
@@ -233,29 +234,13 @@ def _horizon(p: float, n: int) -> float:
     return math.inf if p >= 1.0 else -n * math.log1p(-p)
 
 
-def _check_seed(seed: Any) -> int:
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
-    return int(seed)
-
-
-def _check_rate(p: Any, argument: str) -> float:
-    try:
-        value = float(p)
-    except (TypeError, ValueError):
-        raise TypeError(f"{argument} must be a number in [0, 1], got {p!r}") from None
-    if not 0.0 <= value <= 1.0:
-        raise ValueError(f"{argument} must be in [0, 1], got {p!r}")
-    return value
-
-
 def _rates_by_position(ber: Any, fmt: Format, positions: tuple[int, ...]) -> dict[int, float]:
     """One rate per eligible bit position, from a scalar, a sequence or a mapping."""
     if isinstance(ber, Mapping):
         rates: dict[int, float] = {}
         for key, value in ber.items():
             for pos in resolve_bits(key, fmt, argument="ber"):
-                rates[pos] = _check_rate(value, f"ber[{key!r}]")
+                rates[pos] = check_rate(value, f"ber[{key!r}]")
         return {p: rates.get(p, 0.0) for p in positions}
     if isinstance(ber, (Sequence, np.ndarray)) and not isinstance(ber, str):
         values = list(ber)
@@ -263,8 +248,8 @@ def _rates_by_position(ber: Any, fmt: Format, positions: tuple[int, ...]) -> dic
             raise ValueError(
                 f"ber as a sequence needs one rate per bit position ({fmt.bits} for this "
                 f"format, LSB first), got {len(values)}")
-        return {p: _check_rate(values[p], f"ber[{p}]") for p in positions}
-    rate = _check_rate(ber, "ber")
+        return {p: check_rate(values[p], f"ber[{p}]") for p in positions}
+    rate = check_rate(ber, "ber")
     return dict.fromkeys(positions, rate)
 
 
@@ -383,7 +368,7 @@ class FaultMap:
         if not is_format(fmt):
             raise TypeError(f"fmt must be a bitfault format (FixedPoint, IntQuant, Float), "
                             f"got {fmt!r}")
-        seed = _check_seed(seed)
+        seed = check_seed(seed)
         if not isinstance(name, str):
             raise TypeError(f"name must be a string, got {name!r}")
         if step is not None and (isinstance(step, bool) or not isinstance(step, (int, np.integer))

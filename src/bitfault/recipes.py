@@ -32,9 +32,9 @@ from typing import Any
 
 import numpy as np
 
+from bitfault.errors import check_seed
 from bitfault.faults import BitFlip, FaultModel, _FaultBase, fault_from_dict
 from bitfault.formats import Format, IntQuant, format_from_dict
-from bitfault.maps import _check_seed
 from bitfault.spec import FaultSpec
 
 
@@ -78,7 +78,7 @@ def check_fit_settings(epochs: Any, batch_size: Any, lr: Any, optimizer: Any,
                              f"finite number, got {value!r}")
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
-    seed = _check_seed(seed)
+    seed = check_seed(seed)
     if progress is not None and not callable(progress):
         raise TypeError(f"progress must be a callable (epoch, epochs) or None, got {progress!r}")
     return epochs, batch_size, float(lr), float(weight_decay), seed
@@ -117,7 +117,7 @@ class RandBET:
         if not 0.0 < float(p) < 1.0:
             raise ValueError(f"p_train must be in (0, 1), got {p!r}")
         object.__setattr__(self, "p_train", float(p))
-        object.__setattr__(self, "seed", _check_seed(self.seed))
+        object.__setattr__(self, "seed", check_seed(self.seed))
         object.__setattr__(self, "grad_clamp", _check_positive(self.grad_clamp, "grad_clamp"))
         object.__setattr__(self, "start_below", _check_positive(self.start_below, "start_below"))
         if isinstance(self.fault, Mapping):

@@ -25,9 +25,10 @@ from typing import Any, Literal
 
 import numpy as np
 
+from bitfault.errors import check_choice, check_rate, check_seed
 from bitfault.faults import BitFlip, FaultModel, _FaultBase, fault_from_dict
 from bitfault.formats import FixedPoint, Format, format_from_dict, is_format
-from bitfault.maps import FaultMap, _check_rate, _check_seed
+from bitfault.maps import FaultMap
 
 TARGETS = ("weights", "biases", "activations")
 PERSISTENCES = ("permanent", "transient")
@@ -35,12 +36,6 @@ RESAMPLES = ("step", "forward")
 GRADIENTS = ("ste", "blocked")
 _KEYS = ("format", "fault", "ber", "count", "maps", "seed", "targets", "persistence",
          "resample", "gradient")
-
-
-def _check_choice(value: Any, allowed: tuple[str, ...], argument: str) -> str:
-    if value not in allowed:
-        raise ValueError(f"{argument} must be one of {allowed}, got {value!r}")
-    return value
 
 
 def _normalise_targets(targets: Any) -> tuple[str, ...]:
@@ -52,7 +47,7 @@ def _normalise_targets(targets: Any) -> tuple[str, ...]:
     if not items:
         raise ValueError(f"targets must name at least one of {TARGETS}")
     for t in items:
-        _check_choice(t, TARGETS, "targets")
+        check_choice(t, TARGETS, "targets")
     return tuple(t for t in TARGETS if t in items)
 
 
@@ -104,7 +99,7 @@ class FaultSpec:
             elif isinstance(b, (Sequence, np.ndarray)) and not isinstance(b, str):
                 object.__setattr__(self, "ber", tuple(float(v) for v in b))
             else:
-                object.__setattr__(self, "ber", _check_rate(b, "ber"))
+                object.__setattr__(self, "ber", check_rate(b, "ber"))
             FaultMap.random((1,), self.format, ber=self.ber, bits=self.fault.bits)  # validate
         if self.count is not None and (isinstance(self.count, bool) or not isinstance(
                 self.count, (int, np.integer)) or self.count < 0):
@@ -115,11 +110,11 @@ class FaultSpec:
                 raise ValueError("maps must be a non-empty mapping from tensor name to FaultMap")
             object.__setattr__(self, "maps", {str(k): _map_from_json(str(k), v)
                                               for k, v in self.maps.items()})
-        object.__setattr__(self, "seed", _check_seed(self.seed))
+        object.__setattr__(self, "seed", check_seed(self.seed))
         object.__setattr__(self, "targets", _normalise_targets(self.targets))
-        _check_choice(self.persistence, PERSISTENCES, "persistence")
-        _check_choice(self.resample, RESAMPLES, "resample")
-        _check_choice(self.gradient, GRADIENTS, "gradient")
+        check_choice(self.persistence, PERSISTENCES, "persistence")
+        check_choice(self.resample, RESAMPLES, "resample")
+        check_choice(self.gradient, GRADIENTS, "gradient")
         if self.persistence == "transient" and self.maps is not None:
             raise ValueError("persistence='transient' needs ber= or count= (fresh maps are drawn "
                              "each step); explicit maps= are permanent")

@@ -22,9 +22,9 @@ from typing import Any, Literal
 
 import numpy as np
 
+from bitfault.errors import check_rate, check_seed
 from bitfault.faults import BitSelection, resolve_bits
 from bitfault.formats import Format, is_format
-from bitfault.maps import _check_rate
 from bitfault.stats import fault_injection_sample_size
 
 TrialKind = Literal["rate", "layer", "bit", "single"]
@@ -59,7 +59,7 @@ class Trial:
 
 
 def _check_bers(bers: Iterable[float]) -> tuple[float, ...]:
-    values = tuple(_check_rate(b, "bers") for b in bers)
+    values = tuple(check_rate(b, "bers") for b in bers)
     if not values:
         raise ValueError("bers must list at least one bit error rate")
     return values
@@ -169,8 +169,7 @@ def sampled_single_faults(shapes: Mapping[str, Sequence[int]], fmt: Format, *,
             1 <= size <= population):
         raise ValueError(f"size must be an integer in 1..{population} (the faults there are), "
                          f"got {size!r}")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    seed = check_seed(seed)
     picked = np.random.default_rng(seed).choice(population, int(size), replace=False)
     starts = np.concatenate([[0], np.cumsum(cells)])
     which = np.searchsorted(starts, picked, side="right") - 1
