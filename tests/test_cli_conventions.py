@@ -103,3 +103,18 @@ def test_quiet_silences_tensorflow(tmp_path: Path) -> None:
     assert out.returncode == 2
     assert out.stderr.splitlines() == [
         "bitfault: error: faulty.pt: a Keras model is written as a .keras file"]
+
+
+def test_an_interrupt_under_json_is_one_json_object(monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    from bitfault import cli
+
+    def interrupted(args: object, reporter: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(cli.COMMANDS, "report", interrupted)
+    assert cli.main(["report", "somewhere", "--json"]) == 130
+    out = capsys.readouterr()
+    assert json.loads(out.out) == {"command": "report", "ok": False, "error": "interrupted",
+                                   "exit_code": 130}
+    assert out.err == "bitfault: error: interrupted\n"

@@ -372,12 +372,12 @@ def _run(args: argparse.Namespace, reporter: Any) -> int:
         if hasattr(args, "threads"):
             _set_threads(args.threads)
         result, text = COMMANDS[args.command](args, reporter)
-    except KeyboardInterrupt:
-        print("bitfault: error: interrupted", file=sys.stderr)
-        return 130
-    except Exception as exc:
-        exc = _missing_module(exc)
-        code, message = _exit_code(exc), _one_line(exc)
+    except (KeyboardInterrupt, Exception) as exc:
+        if isinstance(exc, KeyboardInterrupt):
+            code, message = 130, "interrupted"
+        else:
+            exc = _missing_module(exc)
+            code, message = _exit_code(exc), _one_line(exc)
         print(f"bitfault: error: {message}", file=sys.stderr)
         if args.json:
             print(json.dumps({"command": args.command, "ok": False, "error": message,
