@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import reference as ref
-from bitfault import maps as maps_module
 from bitfault.formats import FixedPoint, Float, IntQuant
 from bitfault.maps import FaultMap
+from bitfault.maps import faultmap as maps_module
 
 Q84 = FixedPoint(8, 4)
 

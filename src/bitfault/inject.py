@@ -9,7 +9,8 @@ import numpy as np
 
 from bitfault.faults import FaultModel, _FaultBase
 from bitfault.formats import Format, QuantParams, check_float_input, is_format
-from bitfault.maps import FaultMap, _popcount
+from bitfault.maps import FaultMap
+from bitfault.maps.faultmap import _popcount
 
 
 @dataclass(frozen=True)
