@@ -15,7 +15,7 @@ import platform
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 try:
@@ -58,11 +58,13 @@ def lock_run_dir(path: str | os.PathLike[str], command: str) -> Iterator[None]:
         info = {"pid": os.getpid(), "host": platform.node(), "command": command,
                 "argv": sys.argv, "since": time.strftime("%Y-%m-%d %H:%M:%S")}
         lock_file = path / LOCK_FILE
-        lock_file.write_text(json.dumps(info) + "\n", encoding="utf-8")
+        with suppress(OSError):  # a read-only directory is still locked, just not described
+            lock_file.write_text(json.dumps(info) + "\n", encoding="utf-8")
         try:
             yield
         finally:
-            lock_file.unlink(missing_ok=True)
+            with suppress(OSError):
+                lock_file.unlink(missing_ok=True)
     finally:
         os.close(fd)  # releases the flock
 

@@ -44,11 +44,13 @@ def single_fault_trials(c: CampaignConfig, spec: FaultSpec, shapes: dict[str, An
 
 
 def _query(store: Path, sql: str) -> list[tuple[Any, ...]]:
-    """Rows of ``sql`` on ``store`` opened read-only (none: no store, or no trials yet)."""
+    """Rows of ``sql`` on ``store`` (none: no store, or no trials yet). Opened with
+    ``mode=rw`` (never creating a file; read-only where the file is) rather than ``ro``,
+    whose connections leave SQLite's -wal/-shm files behind."""
     if not store.is_file():
         return []
     try:
-        with closing(sqlite3.connect(store.resolve().as_uri() + "?mode=ro", uri=True)) as db:
+        with closing(sqlite3.connect(store.resolve().as_uri() + "?mode=rw", uri=True)) as db:
             if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'trials'").fetchone() is None:
                 return []
             return db.execute(sql).fetchall()
@@ -57,7 +59,7 @@ def _query(store: Path, sql: str) -> list[tuple[Any, ...]]:
 
 
 def read_records(store: str | Path, keys: set[str]) -> list[Any]:
-    """The trials of ``store`` whose keys are in ``keys``, read-only."""
+    """The trials of ``store`` whose keys are in ``keys`` (it is only read)."""
     from bitfault.campaign.store import COLUMNS, TrialRecord
 
     out = []
