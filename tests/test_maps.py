@@ -16,8 +16,7 @@ from hypothesis import strategies as st
 
 import reference as ref
 from bitfault.formats import FixedPoint, Float, IntQuant
-from bitfault.maps import FaultMap
-from bitfault.maps import faultmap as maps_module
+from bitfault.maps import FaultMap, sampling
 
 Q84 = FixedPoint(8, 4)
 
@@ -292,7 +291,7 @@ def test_times_past_is_a_prefix_of_the_full_running_sum(scale):
         carry = float(rng.uniform(0, 50)) if trial % 2 else 0.0
         full = np.cumsum(gaps) + carry if carry else np.cumsum(gaps)
         horizon = carry + float(rng.uniform(0, 1.0)) * (full[-1] - carry) + 1e-9
-        got = maps_module._times_past(gaps, carry, horizon)
+        got = sampling._times_past(gaps, carry, horizon)
         assert np.array_equal(got, full[:got.size])  # the same bits, not just close
         assert got[-1] >= horizon or got.size == gaps.size
 
@@ -543,5 +542,5 @@ def test_other_bad_arguments_rejected():
 def test_dense_and_sparse_assembly_give_the_same_map(monkeypatch, fmt, ber):
     """Dense maps are packed from one flag per cell, sparse ones sorted: the same bits."""
     packed = FaultMap.random((300, 7), fmt, ber=ber, seed=3, name="t")
-    monkeypatch.setattr(maps_module, "_MAX_MARKS", 0)  # never pack: always sort
+    monkeypatch.setattr(sampling, "_MAX_MARKS", 0)  # never pack: always sort
     assert FaultMap.random((300, 7), fmt, ber=ber, seed=3, name="t") == packed

@@ -9,8 +9,7 @@ import numpy as np
 
 from bitfault.faults import FaultModel, _FaultBase
 from bitfault.formats import Format, QuantParams, check_float_input, is_format
-from bitfault.maps import FaultMap
-from bitfault.maps.faultmap import _popcount
+from bitfault.maps import FaultMap, popcount
 
 
 @dataclass(frozen=True)
@@ -73,8 +72,8 @@ def fault_words(words: np.ndarray, fmt: Format, fault: FaultModel,
     flat[idx] = after
     changed = np.bitwise_xor(before, after).view(f"u{container.itemsize}")
     stats = InjectionStats(
-        faults=int(_popcount(masks).sum()),
-        changed_bits=int(_popcount(changed.astype(np.uint32)).sum()),
+        faults=int(popcount(masks).sum()),
+        changed_bits=int(popcount(changed.astype(np.uint32)).sum()),
         changed_values=int(np.count_nonzero(changed)),
         saturated=0,
     )
