@@ -406,6 +406,7 @@ class FaultHandle:
                 module.__dict__.pop(attr, None)
             self._shadowed = []
 
+    @torch.compiler.disable
     def _direct_call(self, fqn: str, attrs: tuple[tuple[str, str], ...], module: nn.Module,
                      args: tuple, kwargs: dict) -> Any:
         """A module called on its own, outside a forward of the model: its tensors faulted for
@@ -557,7 +558,8 @@ def _faulted_forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
 
 def _bind(fn: Callable[..., Any], *bound: Any) -> Callable[..., Any]:
     """A hook calling ``fn``: a plain function, which ``copy.deepcopy`` shares rather than
-    copies, so a copied model's hooks still answer to this handle (and go inert with it)."""
+    copies, so a copied model's hooks still answer to this handle (and go inert with it).
+    ``torch.compile`` runs it eagerly, between compiled graphs (it cannot trace Numba)."""
     def hook(*args: Any) -> Any:
         return fn(*bound, *args)
-    return hook
+    return torch.compiler.disable(hook, recursive=True)
