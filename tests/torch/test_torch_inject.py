@@ -326,6 +326,50 @@ def test_attach_resamples_after_each_optimizer_step():
         inject_(mlp(), _spec()).attach(opt)
 
 
+def test_transient_steps_follow_weight_updates_without_attach():
+    """No attach(): a forward after the parameters changed uses the next step's maps
+    (optimizer steps, manual in-place updates, replaced tensors); gradient accumulation
+    (no update between forwards) keeps the step."""
+    spec = _spec(persistence="transient", ber=0.02)
+    runs = []
+    for _ in range(2):
+        model = mlp()
+        handle = inject_(model, spec)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        torch.manual_seed(3)
+        losses = []
+        for k in range(3):
+            for _ in range(2):  # two micro-batches, one update
+                loss = model(torch.randn(2, 20)).square().sum()
+                assert handle.step == k
+                assert handle.maps["2.weight"] == spec.map_for("2.weight", (4, 16), step=k)
+                loss.backward()
+                losses.append(loss.detach())
+            opt.step()
+            opt.zero_grad()
+        runs.append(losses)
+        model(torch.randn(1, 20))
+        assert handle.step == 3
+        with torch.no_grad():
+            model[0].weight -= 0.01  # a manual update
+        model(torch.randn(1, 20))
+        assert handle.step == 4
+        model[0].weight.data = model[0].weight.data.clone()  # a replaced tensor
+        model(torch.randn(1, 20))
+        model(torch.randn(1, 20))
+        assert handle.step == 5
+        handle.resample(9)  # an explicit step is kept, not counted again
+        model(torch.randn(1, 20))
+        assert handle.step == 9
+    assert all(bits_equal(a, b) for a, b in zip(*runs, strict=True))
+
+
+def test_transient_step_without_parameters_warns():
+    spec = _spec(persistence="transient", ber=0.02, targets=("activations",))
+    with pytest.warns(UserWarning, match=r"handle\.resample\(step\)"):
+        inject_(nn.Sequential(nn.ReLU()), spec, filter_fn="0")
+
+
 def test_forward_resampling_replays():
     spec = _spec(persistence="transient", resample="forward", targets=("weights", "activations"))
     x = torch.randn(3, 20)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import fnmatch
 import types
+import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -167,6 +168,11 @@ class FaultHandle:
     ``maps``: the fault map of every targeted tensor now in use (activation maps
     appear once a forward has shown their shape). ``step``: the transient step
     whose maps are in use. Use as a context manager to remove on exit.
+
+    Transient maps with ``resample="step"`` move to the next step by themselves: a
+    forward of the model after any of its parameters changed (an optimizer step, a
+    manual update, a replaced tensor) uses the maps of ``step + 1``. ``attach(optimizer)``
+    counts ``optimizer.step()`` calls instead; ``resample(step)`` sets the step.
     """
 
     def __init__(self, model: nn.Module, spec: FaultSpec, params: list[_Param],
@@ -182,6 +188,11 @@ class FaultHandle:
         self._act_maps: dict[str, dict[tuple[int, ...], FaultMap]] = {a: {} for a in activations}
         self._step = 0
         self._forwards = 0
+        # transient resample="step" without attach(): a forward after the model's parameters
+        # changed (updated in place or replaced) starts the next step
+        self._watched = list(model.parameters())
+        self._auto_step = spec.persistence == "transient" and spec.resample == "step"
+        self._weights_seen: tuple | None = None
         self._faults: dict[tuple, DeviceFaults] = {}
         self._buffers: dict = {}  # the kernels' host scratch, reused forward after forward
         # (module, attribute, tensor name) of each faulted parameter (tied ones under every name)
@@ -233,6 +244,7 @@ class FaultHandle:
             raise ValueError(f"step must be a non-negative integer, got {step!r}")
         self._set_maps(self.spec, int(step))
         self._forwards = int(step)
+        self._weights_seen = self._weights_state()
         return self
 
     def set_ber(self, ber: float) -> FaultHandle:
@@ -257,6 +269,7 @@ class FaultHandle:
                             f"{type(optimizer).__name__}")
         self._optimizer_hooks.append(optimizer.register_step_post_hook(
             lambda opt, args, kwargs: self.resample(self._step + 1)))
+        self._auto_step = False  # the optimizer counts the steps now
         return self
 
     def stats(self) -> dict[str, InjectionStats]:
@@ -308,6 +321,17 @@ class FaultHandle:
                 f"{self.spec.persistence}, gradient={self.spec.gradient!r}, {state})")
 
     # ---- maps and device data ---------------------------------------------------------------
+
+    def _weights_state(self) -> tuple:
+        """What changes when a parameter is updated in place (its version) or replaced."""
+        return tuple((p._version, p.data_ptr()) for p in self._watched)
+
+    def _next_step_if_updated(self) -> None:
+        state = self._weights_state()
+        if self._weights_seen is None:
+            self._weights_seen = state  # the first forward: step 0
+        elif state != self._weights_seen:
+            self.resample(self._step + 1)
 
     def _check_live(self) -> None:
         if self._removed:
@@ -389,6 +413,8 @@ class FaultHandle:
                 if self._forwards != self._step:
                     self._set_maps(self.spec, self._forwards)
                 self._forwards += 1
+            elif self._auto_step:
+                self._next_step_if_updated()
             if self._params:
                 tensors = ([m._parameters[a] for m, a in self._model_params] if root is self._model
                            else [self._param_tensor(root, p) for p in self._params])
@@ -535,6 +561,11 @@ def inject_(model: nn.Module, spec: FaultSpec | Mapping[str, Any],
         if attrs or fqn in activations:
             _LIVE[module] = handle
     handle._hooks.append(model.register_forward_hook(_bind(handle._root_post), always_call=True))
+    if handle._auto_step and not handle._watched:
+        warnings.warn("inject_: a transient spec with resample='step' on a model without "
+                      "parameters: no update can mark the end of a step, so the maps of step 0 "
+                      "stay; call handle.resample(step) before each step or use "
+                      "resample='forward'", UserWarning, stacklevel=2)
     return handle
 
 
