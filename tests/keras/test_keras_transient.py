@@ -61,3 +61,46 @@ def test_forward_resampling_counts_every_batch(mlp, data) -> None:
     assert fmodel.get_layer("fc1").step == 13 and callback.forward_step == 14
     with pytest.raises(ValueError, match="first_step"):
         ResampleFaults(first_step=-1)
+
+
+def test_fit_of_an_injected_model_resamples_without_the_callback(mlp, data) -> None:
+    """inject's model adds ResampleFaults itself: the same run as with the callback given."""
+    x, y = data
+    with_callback, weights = train(mlp, data, TRANSIENT)
+    keras.utils.set_random_seed(0)
+    fmodel = inject(mlp, TRANSIENT)
+    fmodel.compile(keras.optimizers.SGD(0.05), "sparse_categorical_crossentropy")
+    fmodel.fit(x, y, epochs=2, batch_size=10, shuffle=False, verbose=0)
+    assert fmodel.get_layer("fc1").step == 7
+    assert all(np.array_equal(a, b) for a, b in zip(weights, fmodel.get_weights(), strict=True))
+    fmodel.fit(x, y, epochs=1, batch_size=10, shuffle=False, verbose=0,
+               callbacks=keras.callbacks.CallbackList([], model=fmodel))
+    assert fmodel.get_layer("fc1").step == 11  # a second fit carries on (optimizer steps)
+
+
+def test_forward_resampling_of_an_injected_model_counts_across_calls(mlp, data) -> None:
+    x, _ = data
+    fmodel = inject(mlp, TRANSIENT.replace(resample="forward"))
+    fmodel.predict(x, batch_size=10, verbose=0)
+    fmodel.predict(x, batch_size=10, verbose=0)
+    assert fmodel.get_layer("fc1").step == 7
+
+
+def test_training_a_transient_layer_that_nothing_resamples_warns(data) -> None:
+    x, y = data
+    from bitfault.keras import FaultyDense
+
+    def model() -> keras.Model:
+        keras.utils.set_random_seed(0)
+        m = keras.Sequential([keras.Input((8,)), FaultyDense(3, spec=TRANSIENT, name="fc")])
+        m.compile(keras.optimizers.SGD(0.05), "sparse_categorical_crossentropy")
+        return m
+
+    with pytest.warns(UserWarning, match=r"ResampleFaults\(\)"):
+        model().fit(x, y, epochs=1, batch_size=10, verbose=0)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*nothing resamples")
+        model().fit(x, y, epochs=1, batch_size=10, verbose=0, callbacks=[ResampleFaults()])
+        model().predict(x, verbose=0)  # inference at step 0 is not a mistake

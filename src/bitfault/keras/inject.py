@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -126,7 +127,8 @@ def inject(model: keras.Model, spec: FaultSpec | dict[str, Any],
     the layer's name, dotted through nested models: also the tensor-name
     prefix); a glob string or list of globs matches paths. Weights are
     copied over; the new model is not compiled. Transient specs start at
-    step 0; ``ResampleFaults`` or ``resample`` draws later steps.
+    step 0; the new model's ``fit``/``evaluate``/``predict`` add a
+    ``ResampleFaults`` callback (unless given one), ``resample`` sets a step.
     """
     spec = as_spec(spec)
     check_supported(spec.format, spec.fault)
@@ -160,7 +162,34 @@ def inject(model: keras.Model, spec: FaultSpec | dict[str, Any],
     new_model = keras.models.clone_model(model, clone_function=clone, recursive=True)
     for old, new in clones:
         new.set_weights(old.get_weights())
+    if spec.persistence == "transient":
+        _resample_in_every_run(new_model)
     return new_model
+
+
+def _resample_in_every_run(model: keras.Model) -> None:
+    """Give ``model``'s fit, evaluate and predict one ``ResampleFaults`` callback of its own
+    (unless the call passes one), so transient maps change without extra wiring."""
+    from bitfault.keras.callbacks import ResampleFaults
+
+    callback = ResampleFaults()  # one per model: forward counts carry on across calls
+
+    def wrap(method: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(method)
+        def run(*args: Any, callbacks: Any = None, **kwargs: Any) -> Any:
+            if isinstance(callbacks, keras.callbacks.CallbackList):
+                if not any(isinstance(c, ResampleFaults) for c in callbacks.callbacks):
+                    callback.set_model(model)
+                    callbacks.callbacks.append(callback)
+            else:
+                callbacks = list(callbacks or [])
+                if not any(isinstance(c, ResampleFaults) for c in callbacks):
+                    callbacks.append(callback)
+            return method(*args, callbacks=callbacks, **kwargs)
+        return run
+
+    for name in ("fit", "evaluate", "predict"):
+        setattr(model, name, wrap(getattr(model, name)))
 
 
 __all__ = ["fault_maps", "faulty_layers", "inject", "resample", "walk_layers"]

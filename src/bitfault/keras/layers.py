@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import numbers
 import os
+import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -126,6 +127,8 @@ class FaultyLayer(keras.layers.Wrapper):
         self._mask_variables: list[Any] = []
         self._maps: dict[str, FaultMap] = {}
         self._preset_maps: dict[str, FaultMap] | None = None
+        self._resampled = False  # resample() was called: something steers the steps
+        self._warned = False
 
     # ---- building -------------------------------------------------------------------------
 
@@ -157,7 +160,9 @@ class FaultyLayer(keras.layers.Wrapper):
         axes = tuple(_channel_axis(s, self.spec.format) for s in slots)
         return _fused(self.spec.format, self.spec.fault, axes, USE_XLA)
 
-    def call(self, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+    def call(self, inputs: Any, *args: Any, training: Any = None, **kwargs: Any) -> Any:
+        if training and self.spec.persistence == "transient" and not self._resampled:
+            self._warn_fixed_map()
         pairs = [(s, m) for s, m in zip(self._slots, self._mask_variables, strict=True)]
         params = [(s, m) for s, m in pairs if s.variable is not None]
         if params:
@@ -183,6 +188,17 @@ class FaultyLayer(keras.layers.Wrapper):
                             f"{x.dtype.name} (mixed precision is supported for weights only)")
         return straight_through(self._fused_for([slot]), [x], [tf.convert_to_tensor(mask.value)],
                                 self.spec.gradient, gradient_bounds(self.spec.format))[0]
+
+    def _warn_fixed_map(self) -> None:
+        if not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"FaultyLayer {self.name!r} has a transient spec but nothing resamples its "
+                f"maps, so training uses the maps of step {self.step} throughout; pass "
+                "callbacks=[bitfault.keras.ResampleFaults()] to fit (models from "
+                "bitfault.keras.inject add it themselves) or call "
+                "bitfault.keras.resample(model, step) before each step", UserWarning,
+                stacklevel=2)
 
     # ---- maps -----------------------------------------------------------------------------
 
@@ -212,6 +228,7 @@ class FaultyLayer(keras.layers.Wrapper):
             raise ValueError(f"resample(step) needs a spec with persistence='transient'; the maps "
                              f"of {self.name!r} are permanent")
         step = _check_step(step)
+        self._resampled = True
         if self.built and step != self.step:
             maps = draw_maps(self._slots, self.spec, step)
             for slot, var in zip(self._slots, self._mask_variables, strict=True):
