@@ -1,9 +1,11 @@
 """Resilience campaigns: grids of trials, a resumable SQLite store, and the engine.
 
-Framework-free; the PyTorch and Keras adapters supply evaluators that run many
-fault maps per forward pass.
+Framework-free (imports no framework and no adapter): the PyTorch and Keras adapters
+supply evaluators (``bitfault.torch.TorchEvaluator``, ``bitfault.keras``'s) that
+implement the ``Evaluator`` protocol and run many fault maps per forward pass.
 """
 
+from bitfault.campaign.evaluator import Evaluator, NumpyEvaluator
 from bitfault.campaign.grid import (
     Trial,
     bit_sweep,
@@ -13,19 +15,15 @@ from bitfault.campaign.grid import (
     sampled_single_faults,
     single_faults,
 )
-from bitfault.campaign.runner import (
-    CampaignResult,
-    NumpyEvaluator,
-    accuracy_metrics,
-    run,
-    trial_maps,
-)
+from bitfault.campaign.metrics import accuracy_metrics
+from bitfault.campaign.runner import CampaignResult, run, trial_maps
 from bitfault.campaign.stopping import StopWhenPrecise
 from bitfault.campaign.store import CampaignStore, StoreError
 
 __all__ = [
     "CampaignResult",
     "CampaignStore",
+    "Evaluator",
     "NumpyEvaluator",
     "StopWhenPrecise",
     "StoreError",

@@ -21,8 +21,8 @@ from typing import Any
 import keras
 import numpy as np
 
-from bitfault.campaign.runner import check_max_bytes, digest_arrays, predicted_labels
-from bitfault.inject import StoredArray
+from bitfault.campaign.evaluator import check_max_bytes, digest_arrays, predicted_labels
+from bitfault.memory import StoredArray
 from bitfault.keras.inject import walk_layers
 from bitfault.keras.layouts import Slot, is_supported, plan_slots
 from bitfault.maps import FaultMap

@@ -2,8 +2,9 @@
 
 The engine is framework-free: it talks to an *evaluator* that knows the model,
 the data and the tensors that can be faulted, and returns predictions for a list
-of fault-map sets (as many per call as it can vectorise). ``NumpyEvaluator``
-wraps a NumPy forward function; the framework adapters provide their own.
+of fault-map sets (as many per call as it can vectorise): the ``Evaluator``
+protocol of ``bitfault.campaign.evaluator``. Trials run here (``executor="local"``)
+or as Ray tasks (``executor="ray"``).
 """
 
 from __future__ import annotations
@@ -18,94 +19,20 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 import bitfault
+from bitfault.campaign.evaluator import Evaluator, Maps
 from bitfault.campaign.grid import Trial
+from bitfault.campaign.metrics import Metric, accuracy_metrics, call_metric
 from bitfault.campaign.stopping import StopWhenPrecise
 from bitfault.campaign.store import CampaignStore, TrialRecord
 from bitfault.faults import resolve_bits
-from bitfault.formats import FixedPoint, Float
-from bitfault.inject import inject
 from bitfault.maps import FaultMap
 from bitfault.spec import FaultSpec
-from bitfault.stats import metric_bounds, robust_error, summarize
-
-Maps = dict[str, FaultMap]
-Metric = Callable[[np.ndarray, np.ndarray, np.ndarray], Mapping[str, float]]
-
-
-class Evaluator(Protocol):
-    """What the engine needs from a model + dataset."""
-
-    labels: np.ndarray
-
-    def tensor_shapes(self) -> dict[str, tuple[int, ...]]: ...
-
-    def predict(self, batch_of_maps: Sequence[Maps], spec: FaultSpec) -> list[np.ndarray]: ...
-
-    def model_digest(self) -> str: ...
-
-    def data_digest(self) -> str: ...
-
-
-def digest_arrays(arrays: Mapping[str, np.ndarray]) -> str:
-    h = hashlib.sha256()
-    for name in sorted(arrays):
-        a = np.ascontiguousarray(arrays[name])
-        h.update(name.encode())
-        h.update(str(a.dtype).encode() + str(a.shape).encode())
-        h.update(a.tobytes())
-    return h.hexdigest()
-
-
-@dataclass
-class NumpyEvaluator:
-    """A NumPy model: ``forward(params, x) -> logits`` with named float parameters."""
-
-    forward: Callable[[Mapping[str, np.ndarray], np.ndarray], np.ndarray]
-    params: Mapping[str, np.ndarray]
-    x: np.ndarray
-    labels: np.ndarray
-    targets: Sequence[str] | None = None
-
-    def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
-        names = self.targets if self.targets is not None else list(self.params)
-        return {n: tuple(np.shape(self.params[n])) for n in names}
-
-    def predict(self, batch_of_maps: Sequence[Maps], spec: FaultSpec) -> list[np.ndarray]:
-        out = []
-        for maps in batch_of_maps:
-            params = dict(self.params)
-            for name, fmap in maps.items():
-                params[name] = inject(np.asarray(self.params[name]), spec.format, spec.fault,
-                                      fmap)
-            with np.errstate(all="ignore"):
-                logits = self.forward(params, self.x)
-            out.append(predicted_labels(logits))
-        return out
-
-    def model_digest(self) -> str:
-        return digest_arrays(dict(self.params))
-
-    def data_digest(self) -> str:
-        return digest_arrays({"x": self.x, "y": self.labels})
-
-
-def predicted_labels(logits: np.ndarray) -> np.ndarray:
-    """Argmax per row; a NaN logit (a flipped exponent can make one) never wins."""
-    logits = np.asarray(logits, dtype=np.float64)
-    logits = np.where(np.isnan(logits), -np.inf, logits)
-    return np.argmax(logits, axis=1)
-
-
-def accuracy_metrics(labels: np.ndarray, clean: np.ndarray, faulty: np.ndarray) -> dict[str, float]:
-    """The default metric: accuracy, correct count, and robust error."""
-    correct = int(np.sum(faulty == labels))
-    return {"accuracy": correct / len(labels), "correct": correct, "n": len(labels),
-            "robust_error": robust_error(labels, clean, faulty)}
+from bitfault.stats import metric_bounds, summarize
 
 
 def _check_target(trial: Trial, shapes: Mapping[str, tuple[int, ...]]) -> None:
@@ -129,33 +56,6 @@ def _check_trial(trial: Trial, shapes: Mapping[str, tuple[int, ...]], spec: Faul
         if not (isinstance(trial.element, int) and 0 <= trial.element < size):
             raise ValueError(f"trial {trial.key}: element must be in 0..{size - 1} for tensor "
                              f"{trial.target!r} of shape {tuple(shapes[trial.target])}")
-
-
-def check_max_bytes(max_bytes: Any) -> int:
-    """An evaluator's cache bound: a non-negative integer of bytes."""
-    if isinstance(max_bytes, bool) or not isinstance(max_bytes, (int, np.integer)) or \
-            max_bytes < 0:
-        raise ValueError(f"max_bytes must be a non-negative integer (bytes), got {max_bytes!r}")
-    return int(max_bytes)
-
-
-def stores_elementwise(fmt: Any) -> bool:
-    """The format stores each element on its own (FixedPoint, Float: no calibration across
-    the tensor), so a map's faulty values can be computed for its faulty elements alone."""
-    return isinstance(fmt, (FixedPoint, Float))
-
-
-def patch_faulty_elements(fmt: Any, fmap: FaultMap) -> bool:
-    """Whether evaluators compute ``fmap``'s tensor as the cached stored tensor with only the
-    faulty elements recomputed: a format that ``stores_elementwise`` and a map touching at
-    most an eighth of the elements (beyond that one pass over the tensor is cheaper)."""
-    return stores_elementwise(fmt) and fmap.indices.size * 8 <= fmap.size
-
-
-def gathered_map(fmap: FaultMap) -> FaultMap:
-    """``fmap`` for the 1-D gather of its faulty elements (element k is ``fmap.indices[k]``)."""
-    n = int(fmap.indices.size)
-    return FaultMap((n,), np.arange(n, dtype=np.int64), fmap.masks, fmap.name)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -353,7 +253,7 @@ def run(
     # The golden run: every tensor stored in the format, no faults (ber = 0).
     golden = {n: FaultMap.empty(shape, n) for n, shape in shapes.items()}
     clean = evaluator.predict([golden], spec)[0]
-    clean_metrics = _call_metric(metric, labels, clean, clean, "clean run")
+    clean_metrics = call_metric(metric, labels, clean, clean, "clean run")
     if stop is not None:
         stop.check(clean_metrics)
     spec_json = spec.to_json(sort_keys=True)
@@ -388,7 +288,7 @@ def run(
                 # them, then commit them in one transaction, so a crash keeps all or none
                 done_at, rows = time.time(), []
                 for trial, (map_digest, pred) in zip(chunk, outputs, strict=True):
-                    values = _call_metric(metric, labels, clean, pred, trial.key)
+                    values = call_metric(metric, labels, clean, pred, trial.key)
                     rows.append({"trial_key": trial.key, "kind": trial.kind, "ber": trial.ber,
                                  "chip": trial.chip, "seed": trial.seed, "target": trial.target,
                                  "bit": trial.bit, "element": trial.element,
@@ -436,19 +336,5 @@ def _progress(progress: bool | Callable[[int, int], None] | None, total: int,
     return bar, lambda done, _: bar.update(done - bar.n)
 
 
-def _call_metric(metric: Metric, labels: np.ndarray, clean: np.ndarray, faulty: np.ndarray,
-                 where: str) -> dict[str, float]:
-    try:
-        values = dict(metric(labels, clean, faulty))
-    except Exception as exc:
-        raise RuntimeError(f"metric {getattr(metric, '__name__', metric)!r} raised on {where}: "
-                           f"{type(exc).__name__}: {exc}") from exc
-    for k, v in values.items():
-        if not isinstance(v, (int, float, np.integer, np.floating)):
-            raise TypeError(f"metric values must be numbers; {k!r} is {type(v).__name__}")
-    return {k: float(v) if isinstance(v, (float, np.floating)) else int(v)
-            for k, v in values.items()}
-
-
-__all__ = ["CampaignResult", "Evaluator", "NumpyEvaluator", "accuracy_metrics",
-           "campaign_digest", "run", "trial_maps"]
+__all__ = ["CampaignResult", "campaign_digest", "evaluate_trials", "run", "trial_maps",
+           "versions"]

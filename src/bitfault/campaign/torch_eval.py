@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from bitfault.campaign.runner import (
+from bitfault.campaign.evaluator import (
     Maps,
     check_max_bytes,
     digest_arrays,
@@ -45,7 +45,7 @@ from bitfault.campaign.runner import (
     predicted_labels,
     stores_elementwise,
 )
-from bitfault.inject import StoredArray
+from bitfault.memory import StoredArray
 from bitfault.maps import FaultMap
 from bitfault.spec import FaultSpec
 
