@@ -1,15 +1,17 @@
 """bitfault: emulate hardware bit faults in neural networks, train through them, measure them.
 
-The core (formats, fault models, fault maps, injection, specs) needs NumPy only;
+The core (formats, fault models, fault maps, memories, injection, targets, specs) needs NumPy only;
 ``bitfault.torch`` and ``bitfault.keras`` import their framework when used.
 """
 
 from bitfault.errors import ArgumentError, ArgumentTypeError
 from bitfault.faults import BitFlip, StuckAt
 from bitfault.formats import FixedPoint, Float, IntQuant, QuantParams
-from bitfault.inject import InjectionStats, StoredArray, inject, inject_with_stats
+from bitfault.inject import InjectionStats, inject, inject_with_stats
 from bitfault.maps import FaultMap
+from bitfault.memory import Memory, StoredArray
 from bitfault.spec import FaultSpec
+from bitfault.targets import Targets
 
 __version__ = "0.1.0"
 
@@ -23,9 +25,11 @@ __all__ = [
     "Float",
     "InjectionStats",
     "IntQuant",
+    "Memory",
     "QuantParams",
     "StoredArray",
     "StuckAt",
+    "Targets",
     "__version__",
     "inject",
     "inject_with_stats",

@@ -8,12 +8,13 @@ least significant bit) or field names of the format ("sign", "exponent",
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
+from bitfault.errors import ArgumentTypeError
 from bitfault.formats import Format
 
 BitSelection = int | str | Sequence[int | str] | None
@@ -134,6 +135,20 @@ class StuckAt(_FaultBase):
 FaultModel = BitFlip | StuckAt
 
 
+def check_fault_model(fault: Any, argument: str = "fault") -> FaultModel:
+    """``fault`` if it is a fault model (BitFlip, StuckAt); TypeError naming ``argument``."""
+    if not isinstance(fault, _FaultBase):
+        raise ArgumentTypeError(argument, fault, "BitFlip() or StuckAt(0|1)")
+    return fault  # type: ignore[return-value]
+
+
+def as_fault_model(value: Any, argument: str = "fault") -> FaultModel:
+    """A fault model from a fault model or its ``to_dict()`` form; TypeError otherwise."""
+    if isinstance(value, Mapping):
+        value = fault_from_dict(dict(value))
+    return check_fault_model(value, argument)
+
+
 def fault_from_dict(data: dict[str, Any]) -> FaultModel:
     """Rebuild a fault model from ``to_dict()`` output."""
     if not isinstance(data, dict) or "kind" not in data:
@@ -156,4 +171,5 @@ def fault_from_dict(data: dict[str, Any]) -> FaultModel:
     return StuckAt(rest["value"], bits=bits)
 
 
-__all__ = ["BitFlip", "FaultModel", "StuckAt", "fault_from_dict", "resolve_bits"]
+__all__ = ["BitFlip", "FaultModel", "StuckAt", "as_fault_model", "check_fault_model",
+           "fault_from_dict", "resolve_bits"]

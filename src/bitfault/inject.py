@@ -7,9 +7,10 @@ from typing import Any
 
 import numpy as np
 
-from bitfault.faults import FaultModel, _FaultBase
+from bitfault.faults import FaultModel
 from bitfault.formats import Format, QuantParams, check_float_input, is_format
 from bitfault.maps import FaultMap, popcount
+from bitfault.memory import check_map_fits, eligible_faults, masks_as_words
 
 
 @dataclass(frozen=True)
@@ -30,45 +31,15 @@ class InjectionStats:
     saturated: int
 
 
-def check_map_fits(fmap: FaultMap, shape: tuple[int, ...], fmt: Format,
-                   argument: str = "fmap") -> None:
-    """Raise ValueError unless ``fmap`` is for a tensor of ``shape`` stored in ``fmt``."""
-    if not isinstance(fmap, FaultMap):
-        raise TypeError(f"{argument} must be a bitfault.FaultMap, got {type(fmap).__name__}")
-    if tuple(fmap.shape) != tuple(shape):
-        raise ValueError(f"{argument} {fmap.name!r} is for shape {tuple(fmap.shape)}, the tensor "
-                         f"has shape {tuple(shape)}")
-    if fmap.masks.size and int(np.bitwise_or.reduce(fmap.masks)) >> fmt.bits:
-        raise ValueError(f"{argument} {fmap.name!r} has faults above bit {fmt.bits - 1}, the top "
-                         f"bit of a {fmt.bits}-bit word of {type(fmt).__name__}")
-
-
-def _eligible_faults(fmap: FaultMap, shape: tuple[int, ...], fmt: Format, fault: FaultModel,
-                     ) -> tuple[np.ndarray, np.ndarray]:
-    """The flat indices of ``fmap``'s elements with a bit ``fault`` may touch, and those bits
-    (uint32); checks the fault model and that the map fits ``shape`` in ``fmt``."""
-    if not isinstance(fault, _FaultBase):
-        raise TypeError(f"fault must be BitFlip() or StuckAt(0|1), got {fault!r}")
-    check_map_fits(fmap, shape, fmt)
-    masks = fmap.masks & np.uint32(fault.eligible_mask(fmt))
-    keep = masks != 0
-    return fmap.indices[keep], masks[keep]
-
-
-def _as_words(masks: np.ndarray, container: np.dtype) -> np.ndarray:
-    """uint32 bit masks as words of ``container`` (the same bits)."""
-    return masks.astype(f"u{container.itemsize}").view(container)
-
-
 def fault_words(words: np.ndarray, fmt: Format, fault: FaultModel,
                 fmap: FaultMap) -> tuple[np.ndarray, InjectionStats]:
     """Apply ``fault`` at ``fmap``'s bits to a copy of ``words``; also return what changed."""
-    idx, masks = _eligible_faults(fmap, words.shape, fmt, fault)
+    idx, masks = eligible_faults(fmap, words.shape, fmt, fault)
     container = words.dtype
     out = np.array(words, copy=True, order="C")  # C order: reshape(-1) below is a view
     flat = out.reshape(-1)
     before = flat[idx]
-    after = fault.apply(before, _as_words(masks, container))
+    after = fault.apply(before, masks_as_words(masks, container))
     flat[idx] = after
     changed = np.bitwise_xor(before, after).view(f"u{container.itemsize}")
     stats = InjectionStats(
@@ -104,55 +75,4 @@ def inject(x: Any, fmt: Format, fault: FaultModel, fmap: FaultMap) -> np.ndarray
     return inject_with_stats(x, fmt, fault, fmap)[0]
 
 
-@dataclass(frozen=True, eq=False)
-class StoredArray:
-    """An array stored in a format once, to be faulted by many maps (a campaign's chips).
-
-    ``words`` (flat, the format's container) and ``values`` (flat, decoded, the input's
-    dtype) are the fault-free memory; IntQuant's calibration comes from the whole clean
-    array, as in ``inject``, and is kept per element. ``faulty_elements`` then costs in
-    proportion to a map's faults, with the same bits ``inject`` gives.
-    """
-
-    fmt: Format
-    shape: tuple[int, ...]
-    words: np.ndarray
-    values: np.ndarray
-    params: QuantParams | None
-
-    @classmethod
-    def of(cls, x: Any, fmt: Format) -> StoredArray:
-        arr = check_float_input(x)
-        if not is_format(fmt):
-            raise TypeError(f"fmt must be a bitfault format (FixedPoint, IntQuant, Float), "
-                            f"got {fmt!r}")
-        params: QuantParams | None = fmt.calibrate(arr)  # type: ignore[attr-defined]
-        words = fmt.encode(arr, params).reshape(-1)
-        values = fmt.decode(words.reshape(arr.shape), params, dtype=arr.dtype).reshape(-1)
-        if params is not None and np.ndim(params.scale):  # per channel: one per element
-            params = QuantParams(np.broadcast_to(params.scale, arr.shape).reshape(-1),
-                                 np.broadcast_to(params.zero_point, arr.shape).reshape(-1))
-        words.flags.writeable = values.flags.writeable = False  # shared by every map
-        return cls(fmt, arr.shape, words, values, params)
-
-    def faulty_elements(self, fault: FaultModel,
-                        fmap: FaultMap) -> tuple[np.ndarray, np.ndarray]:
-        """Flat indices of the elements ``fmap`` faults (bits ``fault`` may touch) and their
-        faulty values; every other element keeps its value in ``values``."""
-        idx, masks = _eligible_faults(fmap, self.shape, self.fmt, fault)
-        words = fault.apply(self.words[idx], _as_words(masks, self.words.dtype))
-        params = self.params
-        if params is not None and np.ndim(params.scale):
-            params = QuantParams(params.scale[idx], params.zero_point[idx])
-        return idx, self.fmt.decode(words, params, dtype=self.values.dtype)
-
-    def faulty(self, fault: FaultModel, fmap: FaultMap) -> np.ndarray:
-        """``inject(x, fmt, fault, fmap)`` of the stored ``x``, bit for bit."""
-        idx, faulty = self.faulty_elements(fault, fmap)
-        out = self.values.copy()
-        out[idx] = faulty
-        return out.reshape(self.shape)
-
-
-__all__ = ["InjectionStats", "StoredArray", "check_map_fits", "fault_words", "inject",
-           "inject_with_stats"]
+__all__ = ["InjectionStats", "fault_words", "inject", "inject_with_stats"]

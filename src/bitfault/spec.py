@@ -6,7 +6,10 @@ explicit maps by tensor name), which tensors are hit (targets), whether the
 faults stay (permanent: one chip) or change (transient: a fresh map every step
 or every forward call), and how gradients flow ("ste" straight through to the
 clean weights, or "blocked" as in the seed program's bug). It round-trips
-through JSON, so the CLI, PyTorch and Keras all read the same thing.
+through JSON, so the CLI, PyTorch and Keras all read the same thing. It composes
+smaller values: ``spec.memory`` (format + fault model: what evaluators and stored
+tensors take) and ``spec.source`` (rate | count | maps, and the seed); its targets
+are kinds of the one target vocabulary (``bitfault.targets``).
 
 Tensor names follow PyTorch: ``"<module path>.weight"``, ``"<module path>.bias"``
 and ``"<module path>.output"`` for activations; layouts are PyTorch's too
@@ -26,29 +29,21 @@ from typing import Any, Literal
 import numpy as np
 
 from bitfault.errors import check_choice, check_rate, check_seed
-from bitfault.faults import BitFlip, FaultModel, _FaultBase, fault_from_dict
-from bitfault.formats import FixedPoint, Format, format_from_dict, is_format
+from bitfault.faults import BitFlip, FaultModel
+from bitfault.formats import FixedPoint, Format
 from bitfault.maps import FaultMap
+from bitfault.memory import Memory
+from bitfault.targets import Targets
 
 TARGETS = ("weights", "biases", "activations")
 PERSISTENCES = ("permanent", "transient")
 RESAMPLES = ("step", "forward")
 GRADIENTS = ("ste", "blocked")
+_SOURCES = ("ber", "count", "maps")
 _KEYS = ("format", "fault", "ber", "count", "maps", "seed", "targets", "persistence",
          "resample", "gradient")
 
-
-def _normalise_targets(targets: Any) -> tuple[str, ...]:
-    try:
-        items = (targets,) if isinstance(targets, str) else tuple(targets)
-    except TypeError:
-        raise TypeError(f"targets must be one of {TARGETS} or a sequence of them, "
-                        f"got {targets!r}") from None
-    if not items:
-        raise ValueError(f"targets must name at least one of {TARGETS}")
-    for t in items:
-        check_choice(t, TARGETS, "targets")
-    return tuple(t for t in TARGETS if t in items)
+Rate = float | Sequence[float] | Mapping[Any, float]
 
 
 def _map_from_json(name: str, value: Any) -> FaultMap:
@@ -65,31 +60,18 @@ def _map_from_json(name: str, value: Any) -> FaultMap:
 
 
 @dataclass(frozen=True)
-class FaultSpec:
-    """What to fault, how, and how gradients flow. Exactly one of ber, count, maps."""
+class Source:
+    """Where faults come from: a bit error rate (``ber``: one, one per bit position, or by
+    bit name), an exact ``count`` of faulty bits per tensor, or explicit ``maps`` by tensor
+    name; exactly one of them, with the ``seed`` of the random ones."""
 
-    format: Format = field(default_factory=lambda: FixedPoint(32, 28, rounding="trunc"))
-    fault: FaultModel = field(default_factory=BitFlip)
-    ber: float | Sequence[float] | Mapping[Any, float] | None = None
+    ber: Rate | None = None
     count: int | None = None
     maps: Mapping[str, FaultMap] | None = None
     seed: int = 0
-    targets: str | Sequence[str] = ("weights",)
-    persistence: Literal["permanent", "transient"] = "permanent"
-    resample: Literal["step", "forward"] = "step"
-    gradient: Literal["ste", "blocked"] = "ste"
 
     def __post_init__(self) -> None:
-        if isinstance(self.format, Mapping):
-            object.__setattr__(self, "format", format_from_dict(dict(self.format)))
-        if not is_format(self.format):
-            raise TypeError(f"format must be FixedPoint, IntQuant or Float, got {self.format!r}")
-        if isinstance(self.fault, Mapping):
-            object.__setattr__(self, "fault", fault_from_dict(dict(self.fault)))
-        if not isinstance(self.fault, _FaultBase):
-            raise TypeError(f"fault must be BitFlip() or StuckAt(0|1), got {self.fault!r}")
-        self.fault.eligible_bits(self.format)  # validates bit names against the format
-        sources = [s for s in ("ber", "count", "maps") if getattr(self, s) is not None]
+        sources = [s for s in _SOURCES if getattr(self, s) is not None]
         if len(sources) != 1:
             raise ValueError(f"give exactly one of ber=, count= or maps=; got {sources or 'none'}")
         if self.ber is not None:
@@ -100,7 +82,6 @@ class FaultSpec:
                 object.__setattr__(self, "ber", tuple(float(v) for v in b))
             else:
                 object.__setattr__(self, "ber", check_rate(b, "ber"))
-            FaultMap.random((1,), self.format, ber=self.ber, bits=self.fault.bits)  # validate
         if self.count is not None and (isinstance(self.count, bool) or not isinstance(
                 self.count, (int, np.integer)) or self.count < 0):
             raise ValueError(f"count must be a non-negative integer (faulty bits per tensor), "
@@ -111,21 +92,18 @@ class FaultSpec:
             object.__setattr__(self, "maps", {str(k): _map_from_json(str(k), v)
                                               for k, v in self.maps.items()})
         object.__setattr__(self, "seed", check_seed(self.seed))
-        object.__setattr__(self, "targets", _normalise_targets(self.targets))
-        check_choice(self.persistence, PERSISTENCES, "persistence")
-        check_choice(self.resample, RESAMPLES, "resample")
-        check_choice(self.gradient, GRADIENTS, "gradient")
-        if self.persistence == "transient" and self.maps is not None:
-            raise ValueError("persistence='transient' needs ber= or count= (fresh maps are drawn "
-                             "each step); explicit maps= are permanent")
 
-    # ---- maps ----------------------------------------------------------------------------
+    def check_for(self, memory: Memory) -> None:
+        """Raise unless the rate fits ``memory`` (one rate per bit of its format, bit names
+        of its format, within the fault model's eligible bits)."""
+        if self.ber is not None:
+            FaultMap.random((1,), memory.format, ber=self.ber, bits=memory.fault.bits)
 
-    def map_for(self, name: str, shape: tuple[int, ...], step: int | None = None) -> FaultMap:
-        """The fault map of tensor ``name`` (shape in PyTorch layout) at ``step``.
+    def map_for(self, name: str, shape: tuple[int, ...], memory: Memory,
+                step: int | None = None) -> FaultMap:
+        """The fault map of tensor ``name`` stored in ``memory``; ``step`` None: permanent.
 
-        Permanent specs ignore ``step``. With explicit maps, a tensor without an
-        entry gets an empty map.
+        With explicit maps, a tensor without an entry gets an empty map.
         """
         if self.maps is not None:
             fmap = self.maps.get(name)
@@ -135,9 +113,76 @@ class FaultSpec:
                 raise ValueError(f"maps[{name!r}] is for shape {tuple(fmap.shape)}, the tensor "
                                  f"has shape {tuple(shape)}")
             return fmap
+        return FaultMap.random(shape, memory.format, ber=self.ber, count=self.count,
+                               seed=self.seed, name=name, bits=memory.fault.bits, step=step,
+                               fault=memory.fault)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (the keys ber, count, maps, seed of a spec's ``to_dict``)."""
+        ber: Any = self.ber
+        if isinstance(ber, tuple):
+            ber = list(ber)
+        maps = None
+        if self.maps is not None:
+            maps = {k: {"name": m.name, "shape": list(m.shape), "indices": m.indices.tolist(),
+                        "masks": m.masks.tolist(), "meta": m.meta} for k, m in self.maps.items()}
+        return {"ber": ber, "count": None if self.count is None else int(self.count),
+                "maps": maps, "seed": self.seed}
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    """What to fault, how, and how gradients flow. Exactly one of ber, count, maps."""
+
+    format: Format = field(default_factory=lambda: FixedPoint(32, 28, rounding="trunc"))
+    fault: FaultModel = field(default_factory=BitFlip)
+    ber: Rate | None = None
+    count: int | None = None
+    maps: Mapping[str, FaultMap] | None = None
+    seed: int = 0
+    targets: str | Sequence[str] = ("weights",)
+    persistence: Literal["permanent", "transient"] = "permanent"
+    resample: Literal["step", "forward"] = "step"
+    gradient: Literal["ste", "blocked"] = "ste"
+
+    def __post_init__(self) -> None:
+        memory = Memory(self.format, self.fault)
+        object.__setattr__(self, "format", memory.format)
+        object.__setattr__(self, "fault", memory.fault)
+        source = Source(self.ber, self.count, self.maps, self.seed)
+        source.check_for(memory)
+        for key in ("ber", "count", "maps", "seed"):
+            object.__setattr__(self, key, getattr(source, key))
+        object.__setattr__(self, "targets", Targets.coerce(self.targets, kinds=TARGETS,
+                                                           names=False).kinds)
+        check_choice(self.persistence, PERSISTENCES, "persistence")
+        check_choice(self.resample, RESAMPLES, "resample")
+        check_choice(self.gradient, GRADIENTS, "gradient")
+        if self.persistence == "transient" and self.maps is not None:
+            raise ValueError("persistence='transient' needs ber= or count= (fresh maps are drawn "
+                             "each step); explicit maps= are permanent")
+        self.__dict__["_memory"], self.__dict__["_source"] = memory, source
+
+    @property
+    def memory(self) -> Memory:
+        """How tensors are stored and what a fault does: the format and the fault model."""
+        return self.__dict__["_memory"]
+
+    @property
+    def source(self) -> Source:
+        """Where the faults come from: the rate, count or maps, and the seed."""
+        return self.__dict__["_source"]
+
+    # ---- maps ----------------------------------------------------------------------------
+
+    def map_for(self, name: str, shape: tuple[int, ...], step: int | None = None) -> FaultMap:
+        """The fault map of tensor ``name`` (shape in PyTorch layout) at ``step``.
+
+        Permanent specs ignore ``step``. With explicit maps, a tensor without an
+        entry gets an empty map.
+        """
         use_step = step if self.persistence == "transient" else None
-        return FaultMap.random(shape, self.format, ber=self.ber, count=self.count, seed=self.seed,
-                               name=name, bits=self.fault.bits, step=use_step, fault=self.fault)
+        return self.source.map_for(name, shape, self.memory, step=use_step)
 
     def replace(self, **changes: Any) -> FaultSpec:
         """A copy with some fields changed (validated again).
@@ -154,18 +199,9 @@ class FaultSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict; ``FaultSpec.from_dict`` rebuilds an equal spec."""
-        ber: Any = self.ber
-        if isinstance(ber, tuple):
-            ber = list(ber)
-        maps = None
-        if self.maps is not None:
-            maps = {k: {"name": m.name, "shape": list(m.shape), "indices": m.indices.tolist(),
-                        "masks": m.masks.tolist(), "meta": m.meta} for k, m in self.maps.items()}
-        return {"format": self.format.to_dict(), "fault": self.fault.to_dict(), "ber": ber,
-                "count": None if self.count is None else int(self.count), "maps": maps,
-                "seed": self.seed, "targets": list(self.targets),
-                "persistence": self.persistence, "resample": self.resample,
-                "gradient": self.gradient}
+        return {**self.memory.to_dict(), **self.source.to_dict(),
+                "targets": list(self.targets), "persistence": self.persistence,
+                "resample": self.resample, "gradient": self.gradient}
 
     @classmethod
     def coerce(cls, spec: Any) -> FaultSpec:
@@ -204,4 +240,4 @@ class FaultSpec:
     __hash__ = None  # type: ignore[assignment]
 
 
-__all__ = ["FaultSpec"]
+__all__ = ["FaultSpec", "Source"]

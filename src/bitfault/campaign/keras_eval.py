@@ -22,10 +22,10 @@ import keras
 import numpy as np
 
 from bitfault.campaign.evaluator import check_max_bytes, digest_arrays, predicted_labels
-from bitfault.memory import StoredArray
 from bitfault.keras.inject import walk_layers
 from bitfault.keras.layouts import Slot, is_supported, plan_slots
 from bitfault.maps import FaultMap
+from bitfault.memory import StoredArray
 from bitfault.spec import FaultSpec
 
 _WEIGHTS_ONLY = FaultSpec(ber=0.0)

@@ -147,7 +147,7 @@ def plan_slots(layer: Any, prefix: str, spec: FaultSpec,
 
 def draw_maps(slots: list[Slot], spec: FaultSpec, step: int | None) -> dict[str, FaultMap]:
     """The map of every slot at ``step``, validated against its PyTorch-layout shape."""
-    from bitfault.inject import check_map_fits
+    from bitfault.memory import check_map_fits
 
     maps = {}
     for slot in slots:

@@ -25,13 +25,13 @@ from collections.abc import Callable
 
 import numpy as np
 
-from bitfault.faults import BitFlip, StuckAt, _FaultBase
+from bitfault.faults import BitFlip, FaultModel, StuckAt
 from bitfault.formats import FixedPoint, IntQuant
 from bitfault.maps import FaultMap
 
 _MIN_SCALE = IntQuant.min_scale  # a global: a compile-time constant in the kernel
 
-def fault_op(fault: _FaultBase) -> int:
+def fault_op(fault: FaultModel) -> int:
     """The kernels' code for a fault model: 0 xor, 1 or, 2 and-not."""
     if isinstance(fault, BitFlip):
         return 0
@@ -187,7 +187,7 @@ def _kernels() -> dict[str, Callable]:
         return {"fixed": _jit(_fixed_point_kernel), "int": _jit(_int_quant_kernel)}
 
 
-def bind(fmt: FixedPoint | IntQuant, fault: _FaultBase, index: np.ndarray, masks: np.ndarray,
+def bind(fmt: FixedPoint | IntQuant, fault: FaultModel, index: np.ndarray, masks: np.ndarray,
          shape: tuple[int, ...]) -> Callable[[np.ndarray, np.ndarray], bool]:
     """One tensor's kernel with all but its data bound: ``call(x, out)`` sets the flat float32
     ``out`` to decode(fault(encode(x))) of the flat float32 ``x`` (a format ``supports``);
@@ -224,7 +224,7 @@ def bind(fmt: FixedPoint | IntQuant, fault: _FaultBase, index: np.ndarray, masks
     return int_quant
 
 
-def bind_map(fmt: FixedPoint | IntQuant, fault: _FaultBase,
+def bind_map(fmt: FixedPoint | IntQuant, fault: FaultModel,
              fmap: FaultMap) -> Callable[[np.ndarray, np.ndarray], bool]:
     """``bind`` for one map: its faults restricted to the bits ``fault`` may touch."""
     eligible = fault.eligible_mask(fmt)

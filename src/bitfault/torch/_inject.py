@@ -32,8 +32,9 @@ import torch
 from torch import nn
 
 from bitfault.formats import gradient_bounds
-from bitfault.inject import InjectionStats, check_map_fits, inject_with_stats
+from bitfault.inject import InjectionStats, inject_with_stats
 from bitfault.maps import FaultMap
+from bitfault.memory import check_map_fits
 from bitfault.spec import FaultSpec
 from bitfault.torch._kernels import DeviceFaults, check_float_dtype, faulty_group
 

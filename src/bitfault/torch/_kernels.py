@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from bitfault.faults import BitFlip, StuckAt, _FaultBase
+from bitfault.faults import BitFlip, FaultModel, StuckAt
 from bitfault.formats import FixedPoint, Float, IntQuant
 from bitfault.maps import FaultMap
 from bitfault.torch import _fused
@@ -156,7 +156,7 @@ class DeviceFaults:
                             ((0, b - a),))
 
 
-def apply_fault_(words: torch.Tensor, masks: torch.Tensor, fault: _FaultBase) -> torch.Tensor:
+def apply_fault_(words: torch.Tensor, masks: torch.Tensor, fault: FaultModel) -> torch.Tensor:
     """``apply_fault`` in place on ``words`` (a scratch tensor of the caller's)."""
     if isinstance(fault, BitFlip):
         return words.bitwise_xor_(masks)
@@ -165,7 +165,7 @@ def apply_fault_(words: torch.Tensor, masks: torch.Tensor, fault: _FaultBase) ->
     raise TypeError(f"fault must be BitFlip() or StuckAt(0|1), got {fault!r}")
 
 
-def apply_fault(words: torch.Tensor, masks: torch.Tensor, fault: _FaultBase) -> torch.Tensor:
+def apply_fault(words: torch.Tensor, masks: torch.Tensor, fault: FaultModel) -> torch.Tensor:
     """Words (int64) with ``fault`` applied at ``masks``; a new tensor."""
     if isinstance(fault, BitFlip):
         return words ^ masks
@@ -297,7 +297,7 @@ def decode(words: torch.Tensor, fmt, calib: Calibration | None, dtype: torch.dty
     raise TypeError(f"fmt must be FixedPoint, IntQuant or Float, got {fmt!r}")
 
 
-def faulty_generic(x: torch.Tensor, fmt, fault: _FaultBase, index: torch.Tensor,
+def faulty_generic(x: torch.Tensor, fmt, fault: FaultModel, index: torch.Tensor,
                    masks: torch.Tensor, strict: bool = False) -> torch.Tensor:
     """Encode all of ``x``, fault the words at ``index``, decode: a new tensor like ``x``.
 
@@ -331,7 +331,7 @@ def _fixed_point_consts(fmt: FixedPoint) -> tuple[int, int, float, float, float,
     return lo, hi, 2.0**fmt.frac, 2.0**-fmt.frac, hi32, below
 
 
-def faulty_fixed_point_f32(xs: Sequence[torch.Tensor], fmt: FixedPoint, fault: _FaultBase,
+def faulty_fixed_point_f32(xs: Sequence[torch.Tensor], fmt: FixedPoint, fault: FaultModel,
                            faults: DeviceFaults) -> torch.Tensor:
     """FixedPoint (overflow "saturate") on float32 tensors, into one flat float32 tensor.
 
@@ -373,7 +373,7 @@ def faulty_fixed_point_f32(xs: Sequence[torch.Tensor], fmt: FixedPoint, fault: _
     return torch.add(_zero(dev), t, alpha=down, out=t)
 
 
-def faulty_float32_f32(x: torch.Tensor, fault: _FaultBase, faults: DeviceFaults) -> torch.Tensor:
+def faulty_float32_f32(x: torch.Tensor, fault: FaultModel, faults: DeviceFaults) -> torch.Tensor:
     """Float("float32") on a flat float32 tensor: only the faulty words change."""
     out = x.clone()
     if faults.index.numel():
@@ -423,7 +423,7 @@ def _host_calibration(x: torch.Tensor, fmt: IntQuant
     return torch.from_numpy(scale), torch.from_numpy(zero.reshape(shape)), True
 
 
-def _fault_codes_(y: torch.Tensor, fmt: IntQuant, fault: _FaultBase,
+def _fault_codes_(y: torch.Tensor, fmt: IntQuant, fault: FaultModel,
                   faults: DeviceFaults) -> None:
     """Replace the codes (float64, flat ``y``) at the faulty elements by their faulted codes."""
     index = faults.index
@@ -441,7 +441,7 @@ def _fault_codes_(y: torch.Tensor, fmt: IntQuant, fault: _FaultBase,
     y.scatter_(0, index, (stored - fmt._offset).to(torch.float64))
 
 
-def faulty_int_quant_f32(xs: Sequence[torch.Tensor], fmt: IntQuant, fault: _FaultBase,
+def faulty_int_quant_f32(xs: Sequence[torch.Tensor], fmt: IntQuant, fault: FaultModel,
                          faults: DeviceFaults, buffers: dict | None = None
                          ) -> list[torch.Tensor]:
     """IntQuant on float32 tensors, in float64 as the core computes it, as one flat pass.
@@ -528,7 +528,7 @@ class _FusedPass:
     each tensor's kernel, and the last output (with its views), written again once nothing
     else holds it."""
 
-    def __init__(self, fmt: FixedPoint | IntQuant, fault: _FaultBase, faults: DeviceFaults,
+    def __init__(self, fmt: FixedPoint | IntQuant, fault: FaultModel, faults: DeviceFaults,
                  shapes: Sequence[tuple[int, ...]]) -> None:
         self.calls = [_fused.bind(fmt, fault, index, masks, shape)
                       for (index, masks), shape in zip(faults.host_parts(), shapes, strict=True)]
@@ -560,7 +560,7 @@ class _FusedPass:
         return views
 
 
-def _fused_group(xs: Sequence[torch.Tensor], fmt: FixedPoint | IntQuant, fault: _FaultBase,
+def _fused_group(xs: Sequence[torch.Tensor], fmt: FixedPoint | IntQuant, fault: FaultModel,
                  faults: DeviceFaults, reuse_output: bool) -> list[torch.Tensor]:
     """FixedPoint "saturate" or IntQuant (per tensor / per channel on axis 0) on float32 CPU
     tensors: one compiled pass per tensor into one flat output, its plan kept with
@@ -580,7 +580,7 @@ def _fast_elementwise(fmt) -> bool:
         isinstance(fmt, Float) and fmt.dtype == "float32")
 
 
-def faulty_group(xs: Sequence[torch.Tensor], fmt, fault: _FaultBase, faults: DeviceFaults,
+def faulty_group(xs: Sequence[torch.Tensor], fmt, fault: FaultModel, faults: DeviceFaults,
                  strict: bool = False, buffers: dict | None = None,
                  reuse_output: bool = False) -> list[torch.Tensor]:
     """Faulty copies of tensors ``xs`` (one dtype, one device) under ``faults``.

@@ -6,10 +6,10 @@ from typing import Any
 
 import torch
 
-from bitfault.faults import _FaultBase
+from bitfault.faults import check_fault_model
 from bitfault.formats import Format, is_format
-from bitfault.inject import check_map_fits
 from bitfault.maps import FaultMap
+from bitfault.memory import check_map_fits
 from bitfault.torch import _fused
 from bitfault.torch._kernels import (
     DeviceFaults,
@@ -33,8 +33,7 @@ def inject(x: torch.Tensor, fmt: Format, fault: Any, fmap: FaultMap) -> torch.Te
     check_float_dtype(x.dtype, "x")
     if not is_format(fmt):
         raise TypeError(f"fmt must be a bitfault format (FixedPoint, IntQuant, Float), got {fmt!r}")
-    if not isinstance(fault, _FaultBase):
-        raise TypeError(f"fault must be BitFlip() or StuckAt(0|1), got {fault!r}")
+    check_fault_model(fault)
     check_map_fits(fmap, tuple(x.shape), fmt)
     if compiled_for(x, fmt):  # the compiled pass, straight from the map
         out = torch.empty(tuple(x.shape), dtype=torch.float32)
