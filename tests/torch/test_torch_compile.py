@@ -33,7 +33,7 @@ def _run(model, x):
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: repr(s.format))
 @pytest.mark.parametrize("order", ["compile_then_inject", "inject_then_compile"])
 def test_compiled_model_computes_the_eager_faulty_model(spec, order):
-    torch._dynamo.reset()
+    torch.compiler.reset()
     x = torch.randn(5, 8)
     eager = _net()
     handle = inject_(eager, spec)
@@ -58,7 +58,7 @@ def test_compiled_model_computes_the_eager_faulty_model(spec, order):
 
 
 def test_a_compiled_module_called_on_its_own_is_faulted():
-    torch._dynamo.reset()
+    torch.compiler.reset()
     model, x = _net(), torch.randn(4, 8)
     spec = SPECS[0].replace(targets=("weights",))
     inject_(model, spec)
