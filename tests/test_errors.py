@@ -4,7 +4,15 @@ import numpy as np
 import pytest
 
 import bitfault as bf
-from bitfault.errors import ArgumentError, ArgumentTypeError, check_choice, check_rate, check_seed
+from bitfault.errors import (
+    ArgumentError,
+    ArgumentTypeError,
+    check_choice,
+    check_int,
+    check_positive,
+    check_rate,
+    check_seed,
+)
 
 
 def test_check_seed_accepts_non_negative_integers():
@@ -39,6 +47,42 @@ def test_check_choice():
                                             "got 'x'") as info:
         check_choice("x", ("ste", "blocked"), "gradient")
     assert info.value.allowed == "one of ('ste', 'blocked')"
+
+
+def test_check_positive():
+    value = check_positive(np.float32(0.5), "w_max")
+    assert value == 0.5 and type(value) is float
+    for bad in (0, -1, float("inf"), float("nan")):
+        with pytest.raises(ArgumentError, match="w_max must be a positive finite number, got"):
+            check_positive(bad, "w_max")
+    with pytest.raises(ArgumentTypeError, match="w_max must be a positive finite number, got "
+                                                "True") as info:
+        check_positive(True, "w_max")
+    assert (info.value.argument, info.value.value) == ("w_max", True)
+
+
+def test_check_int():
+    value = check_int(np.int64(3), "epochs", 1)
+    assert value == 3 and type(value) is int
+    assert check_int(0, "step", 0) == 0 and check_int(5, "chips", 1, maximum=5) == 5
+    with pytest.raises(ArgumentError, match="epochs must be a positive integer, got 0"):
+        check_int(0, "epochs", 1)
+    with pytest.raises(ArgumentError, match="step must be an integer >= 0, got True"):
+        check_int(True, "step", 0)
+    with pytest.raises(ArgumentError, match="chips must be a positive integer and <= 5, got 6"):
+        check_int(6, "chips", 1, maximum=5)
+    with pytest.raises(ArgumentError) as info:
+        check_int(1.0, "seed", 0, maximum=9)
+    assert info.value.allowed == "an integer >= 0 and <= 9"
+
+
+def test_requirement_is_the_message_without_the_value():
+    error = ArgumentError("ber", 2, "in [0, 1]")
+    assert error.requirement == "ber must be in [0, 1]"
+    related = ArgumentError("randbet", 1, "None without a format",
+                            requirement="randbet needs a format")
+    assert str(related) == related.requirement == "randbet needs a format"
+    assert ArgumentTypeError("x", "a", "a number").requirement == "x must be a number"
 
 
 def test_library_errors_are_argument_errors():

@@ -32,32 +32,21 @@ from typing import Any
 
 import numpy as np
 
-from bitfault.errors import check_seed
-from bitfault.faults import BitFlip, FaultModel, _FaultBase, fault_from_dict
+from bitfault.errors import (
+    ArgumentError,
+    ArgumentTypeError,
+    check_choice,
+    check_int,
+    check_positive,
+    check_seed,
+)
+from bitfault.faults import BitFlip, FaultModel, fault_from_dict
 from bitfault.formats import Format, IntQuant, format_from_dict
 from bitfault.spec import FaultSpec
 
 
-def positive_number(value: Any, argument: str) -> float:
-    """``value`` as a float if it is a positive finite real number; else an error naming it."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{argument} must be a positive finite number, got {value!r}")
-    v = float(value)
-    if not (v > 0 and math.isfinite(v)):
-        raise ValueError(f"{argument} must be a positive finite number, got {value!r}")
-    return v
-
-
-def integer_at_least(value: Any, argument: str, minimum: int) -> int:
-    """``value`` as an int if it is an integer >= ``minimum``; else a ValueError naming it."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        allowed = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-        raise ValueError(f"{argument} must be {allowed}, got {value!r}")
-    return int(value)
-
-
-def _check_positive(value: Any, argument: str) -> float | None:
-    return None if value is None else positive_number(value, argument)
+def _optional_positive(value: Any, argument: str) -> float | None:
+    return None if value is None else check_positive(value, argument)
 
 
 OPTIMIZERS = ("sgd", "adam")
@@ -69,18 +58,17 @@ def check_fit_settings(epochs: Any, batch_size: Any, lr: Any, optimizer: Any,
                        ) -> tuple[int, int, float, float, int]:
     """The settings both adapters' ``fit`` share, checked: (epochs, batch_size, lr,
     weight_decay, seed). Errors name the argument and what is allowed."""
-    epochs = integer_at_least(epochs, "epochs", 1)
-    batch_size = integer_at_least(batch_size, "batch_size", 1)
+    epochs = check_int(epochs, "epochs", 1)
+    batch_size = check_int(batch_size, "batch_size", 1)
     for value, name in ((lr, "lr"), (weight_decay, "weight_decay")):
         if isinstance(value, bool) or not isinstance(value, numbers.Real) \
                 or not math.isfinite(value) or value < 0 or (name == "lr" and value == 0):
-            raise ValueError(f"{name} must be a {'positive' if name == 'lr' else 'non-negative'} "
-                             f"finite number, got {value!r}")
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
+            sign = "positive" if name == "lr" else "non-negative"
+            raise ArgumentError(name, value, f"a {sign} finite number")
+    check_choice(optimizer, OPTIMIZERS, "optimizer")
     seed = check_seed(seed)
     if progress is not None and not callable(progress):
-        raise TypeError(f"progress must be a callable (epoch, epochs) or None, got {progress!r}")
+        raise ArgumentTypeError("progress", progress, "a callable (epoch, epochs) or None")
     return epochs, batch_size, float(lr), float(weight_decay), seed
 
 
@@ -113,17 +101,19 @@ class RandBET:
     def __post_init__(self) -> None:
         p = self.p_train
         if isinstance(p, bool) or not isinstance(p, (int, float, np.integer, np.floating)):
-            raise TypeError(f"p_train must be a number in (0, 1), got {p!r}")
+            raise ArgumentTypeError("p_train", p, "a number in (0, 1)")
         if not 0.0 < float(p) < 1.0:
-            raise ValueError(f"p_train must be in (0, 1), got {p!r}")
+            raise ArgumentError("p_train", p, "in (0, 1)")
         object.__setattr__(self, "p_train", float(p))
         object.__setattr__(self, "seed", check_seed(self.seed))
-        object.__setattr__(self, "grad_clamp", _check_positive(self.grad_clamp, "grad_clamp"))
-        object.__setattr__(self, "start_below", _check_positive(self.start_below, "start_below"))
+        object.__setattr__(self, "grad_clamp",
+                           _optional_positive(self.grad_clamp, "grad_clamp"))
+        object.__setattr__(self, "start_below",
+                           _optional_positive(self.start_below, "start_below"))
         if isinstance(self.fault, Mapping):
             object.__setattr__(self, "fault", fault_from_dict(dict(self.fault)))
-        if not isinstance(self.fault, _FaultBase):
-            raise TypeError(f"fault must be BitFlip() or StuckAt(0|1), got {self.fault!r}")
+        if not isinstance(self.fault, FaultModel):
+            raise ArgumentTypeError("fault", self.fault, "BitFlip() or StuckAt(0|1)")
 
     def spec(self, format: Format) -> FaultSpec:
         """The fault spec of the perturbed term (transient: ``spec.map_for(name, shape,
@@ -155,48 +145,55 @@ class Recipe:
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
-            raise ValueError(f"name must be a non-empty string, got {self.name!r}")
+            raise ArgumentError("name", self.name, "a non-empty string")
         if isinstance(self.format, Mapping):
             object.__setattr__(self, "format", format_from_dict(dict(self.format)))
         if self.format is not None and not isinstance(self.format, Format):
-            raise TypeError(f"format must be FixedPoint, IntQuant, Float or None, "
-                            f"got {self.format!r}")
-        object.__setattr__(self, "weight_clip", _check_positive(self.weight_clip, "weight_clip"))
+            raise ArgumentTypeError("format", self.format, "FixedPoint, IntQuant, Float or None")
+        object.__setattr__(self, "weight_clip",
+                           _optional_positive(self.weight_clip, "weight_clip"))
         if isinstance(self.randbet, Mapping):
             object.__setattr__(self, "randbet", RandBET.from_dict(self.randbet))
         if self.randbet is not None and not isinstance(self.randbet, RandBET):
-            raise TypeError(f"randbet must be a RandBET or None, got {self.randbet!r}")
+            raise ArgumentTypeError("randbet", self.randbet, "a RandBET or None")
         if self.randbet is not None and self.format is None:
-            raise ValueError("randbet needs a format: bit errors hit stored words")
+            raise ArgumentError("randbet", self.randbet, "None when format is None",
+                                requirement="randbet needs a format: bit errors hit stored "
+                                            "words")
         if self.randbet is not None:
             try:  # the fault model's bit positions must exist in the format
                 self.randbet.spec(self.format)
             except ValueError as exc:
-                raise ValueError(f"randbet.fault does not fit format {self.format}: {exc}") \
-                    from exc
+                raise ArgumentError("randbet.fault", self.randbet.fault,
+                                    f"a fault model whose bits {self.format} stores",
+                                    requirement=f"randbet.fault does not fit format "
+                                                f"{self.format}: {exc}") from exc
         if isinstance(self.fault_aware, Mapping):
             object.__setattr__(self, "fault_aware", FaultSpec.from_dict(self.fault_aware))
         if self.fault_aware is not None and not isinstance(self.fault_aware, FaultSpec):
-            raise TypeError(f"fault_aware must be a FaultSpec or None, got {self.fault_aware!r}")
+            raise ArgumentTypeError("fault_aware", self.fault_aware, "a FaultSpec or None")
         if self.fault_aware is not None and self.randbet is not None:
             raise ValueError("give at most one of randbet= and fault_aware=: both replace the "
                              "forward pass's weights")
         if self.fault_aware is not None and self.format is not None \
                 and self.fault_aware.format != self.format:
-            raise ValueError(f"fault_aware.format ({self.fault_aware.format}) must equal "
-                             f"format ({self.format}); set format=None to use the spec's")
+            raise ArgumentError("fault_aware.format", self.fault_aware.format,
+                                f"format ({self.format})",
+                                requirement=f"fault_aware.format ({self.fault_aware.format}) "
+                                            f"must equal format ({self.format}); set "
+                                            f"format=None to use the spec's")
         clip = self.activation_clip
         if isinstance(clip, str):
             if clip != "calibrate":
-                raise ValueError(f"activation_clip must be a positive number, 'calibrate' or "
-                                 f"None, got {clip!r}")
+                raise ArgumentError("activation_clip", clip,
+                                    "a positive number, 'calibrate' or None")
         else:
             object.__setattr__(self, "activation_clip",
-                               _check_positive(clip, "activation_clip"))
+                               _optional_positive(clip, "activation_clip"))
         q = self.activation_quantile
         if isinstance(q, bool) or not isinstance(q, (int, float, np.integer, np.floating)) \
                 or not 0.0 < float(q) <= 1.0:
-            raise ValueError(f"activation_quantile must be in (0, 1], got {q!r}")
+            raise ArgumentError("activation_quantile", q, "in (0, 1]")
         object.__setattr__(self, "activation_quantile", float(q))
 
     @property
@@ -293,5 +290,5 @@ def history_columns(history: list[EpochRecord]) -> dict[str, list[float]]:
 
 
 __all__ = ["CALIBRATION_SAMPLES", "OPTIMIZERS", "EpochRecord", "RandBET", "Recipe",
-           "check_fit_settings", "check_training_loss", "history_columns", "integer_at_least",
-           "positive_number", "thresholds_from_activations"]
+           "check_fit_settings", "check_training_loss", "history_columns",
+           "thresholds_from_activations"]

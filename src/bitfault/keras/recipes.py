@@ -23,13 +23,14 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from bitfault.errors import check_positive
 from bitfault.faults import BitFlip, _FaultBase
 from bitfault.formats import Format, gradient_bounds
 from bitfault.keras.layers import USE_XLA, _channel_axis, _fused
 from bitfault.keras.layouts import SUPPORTED_LAYERS, Slot, dense_mask, plan_slots
 from bitfault.keras.transforms import check_supported, straight_through
 from bitfault.maps import FaultMap
-from bitfault.recipes import positive_number, thresholds_from_activations
+from bitfault.recipes import thresholds_from_activations
 from bitfault.spec import FaultSpec
 
 _STORED = ("kernel", "embeddings")
@@ -149,7 +150,7 @@ class ClipWeights(keras.constraints.Constraint):
     """Project a weight to ``[-w_max, w_max]`` (applied by the optimizer after each step)."""
 
     def __init__(self, w_max: float) -> None:
-        self.w_max = positive_number(w_max, "w_max")
+        self.w_max = check_positive(w_max, "w_max")
 
     def __call__(self, w: Any) -> Any:
         return keras.ops.clip(w, -self.w_max, self.w_max)
@@ -190,7 +191,7 @@ class BoundedReLU:
     """``min(max(x, 0), max_value)`` as a serialisable activation function."""
 
     def __init__(self, max_value: float) -> None:
-        self.max_value = positive_number(max_value, "max_value")
+        self.max_value = check_positive(max_value, "max_value")
 
     def __call__(self, x: Any) -> Any:
         return keras.activations.relu(x, max_value=self.max_value)
@@ -243,8 +244,8 @@ def _thresholds_by_site(model: keras.Model, thresholds: Any) -> dict[str, float]
         if unknown:
             raise ValueError(f"thresholds names {unknown}, which are not ReLU sites of the "
                              f"model; its ReLU sites: {list(sites)}")
-        return {k: positive_number(v, f"thresholds[{k!r}]") for k, v in thresholds.items()}
-    t = positive_number(thresholds, "thresholds")
+        return {k: check_positive(v, f"thresholds[{k!r}]") for k, v in thresholds.items()}
+    t = check_positive(thresholds, "thresholds")
     return dict.fromkeys(sites, t)
 
 

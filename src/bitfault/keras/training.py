@@ -22,6 +22,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from bitfault.errors import check_int
 from bitfault.faults import BitFlip
 from bitfault.formats import Format
 from bitfault.keras.inject import _is_graph_model, faulty_layers, inject, resample
@@ -44,7 +45,6 @@ from bitfault.recipes import (
     Recipe,
     check_fit_settings,
     check_training_loss,
-    integer_at_least,
 )
 
 # ---- validation -----------------------------------------------------------------------------
@@ -215,7 +215,7 @@ def randbet_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, x: A
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(f"optimizer must be a keras optimizer, got {type(optimizer).__name__}")
     xa, ya = _check_data(model, x, y, "x", "y")
-    step = integer_at_least(step, "step", 0)
+    step = check_int(step, "step", 0)
     if perturb not in (None, True, False):
         raise ValueError(f"perturb must be None, True or False, got {perturb!r}")
     cached = getattr(optimizer, "_bitfault_trainer", None)
@@ -241,7 +241,7 @@ def evaluate(model: keras.Model, x: Any, y: Any, recipe_or_format: Recipe | Form
     if not isinstance(model, keras.Model) or not model.built:
         raise TypeError(f"model must be a built keras.Model, got {type(model).__name__}")
     xa, ya = _check_data(model, x, y, "x", "y")
-    batch_size = integer_at_least(batch_size, "batch_size", 1)
+    batch_size = check_int(batch_size, "batch_size", 1)
     pairs: list[tuple[Any, Any]] = []
     if fmt is not None:
         if faulty_layers(model):

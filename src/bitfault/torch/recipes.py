@@ -15,7 +15,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from bitfault.recipes import positive_number, thresholds_from_activations
+from bitfault.errors import check_positive
+from bitfault.recipes import thresholds_from_activations
 
 
 class ClipHandle:
@@ -63,7 +64,7 @@ def clip_weights_(optimizer: torch.optim.Optimizer, w_max: float,
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"optimizer must be a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")
-    w_max = positive_number(w_max, "w_max")
+    w_max = check_positive(w_max, "w_max")
     owned = [p for g in optimizer.param_groups for p in g["params"]]
     if params is None:
         chosen = [p for p in owned if p.ndim >= 2]
@@ -87,7 +88,7 @@ class BoundedReLU(nn.Hardtanh):
     """``min(max(x, 0), threshold)``: a ReLU clipped at ``threshold`` (Hardtanh(0, t))."""
 
     def __init__(self, threshold: float, inplace: bool = False) -> None:
-        super().__init__(0.0, positive_number(threshold, "threshold"), inplace=inplace)
+        super().__init__(0.0, check_positive(threshold, "threshold"), inplace=inplace)
 
     @property
     def threshold(self) -> float:
@@ -116,10 +117,10 @@ def bound_relus_(model: nn.Module, thresholds: float | Mapping[str, float]) -> l
         if unknown:
             raise ValueError(f"thresholds names {unknown}, which are not nn.ReLU modules of the "
                              f"model; its ReLUs are {sorted(relus)}")
-        chosen = {name: positive_number(t, f"thresholds[{name!r}]")
+        chosen = {name: check_positive(t, f"thresholds[{name!r}]")
                   for name, t in thresholds.items()}
     else:
-        t = positive_number(thresholds, "thresholds")
+        t = check_positive(thresholds, "thresholds")
         if not relus:
             raise ValueError("thresholds: the model has no nn.ReLU module to bound (functional "
                              "torch.relu calls cannot be replaced)")

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
+from bitfault.errors import check_int
 from bitfault.faults import BitFlip, _FaultBase
 from bitfault.formats import Format, gradient_bounds
 from bitfault.maps import FaultMap
@@ -32,7 +33,6 @@ from bitfault.recipes import (
     Recipe,
     check_fit_settings,
     check_training_loss,
-    integer_at_least,
 )
 from bitfault.torch._inject import _LIVE, DEFAULT_MODULES, _through, inject_
 from bitfault.torch._kernels import DeviceFaults, faulty_group
@@ -199,7 +199,7 @@ def evaluate(model: nn.Module, x: Any, y: Any, recipe_or_format: Recipe | Format
         raise TypeError(f"recipe_or_format must be a Recipe, a format or None, got "
                         f"{recipe_or_format!r}")
     _check_model(model, fmt)
-    batch_size = integer_at_least(batch_size, "batch_size", 1)
+    batch_size = check_int(batch_size, "batch_size", 1)
     first = next(model.parameters(), None)
     x, y = _data(x, y, "x", "y", None if first is None else first.dtype)
     device = torch.device("cpu") if first is None else first.device
