@@ -1,0 +1,39 @@
+"""Number formats: how a float tensor is stored in memory, bit for bit, and back.
+
+``base`` holds what formats share (the ``Format`` protocol, the registry of kinds that
+``format_from_dict`` reads, ``QuantParams``, the container helpers); each format is one
+module: ``fixed`` (FixedPoint), ``intquant`` (IntQuant), ``floats`` (Float).
+"""
+
+from bitfault.formats.base import (
+    FORMATS,
+    Format,
+    FormatBase,
+    QuantParams,
+    check_float_input,
+    container_dtype,
+    format_from_dict,
+    gradient_bounds,
+    is_format,
+)
+from bitfault.formats.fixed import FixedPoint
+from bitfault.formats.intquant import IntQuant
+
+# isort: split
+# imported last, so the registry (and its error messages) lists fixed_point, int_quant, float
+from bitfault.formats.floats import Float
+
+__all__ = [
+    "FORMATS",
+    "FixedPoint",
+    "Float",
+    "Format",
+    "FormatBase",
+    "IntQuant",
+    "QuantParams",
+    "check_float_input",
+    "container_dtype",
+    "format_from_dict",
+    "gradient_bounds",
+    "is_format",
+]
