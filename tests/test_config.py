@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 
 import bitfault as bf
+import bitfault.recipes
 from bitfault.config import ConfigError, RunConfig, load_config
+from bitfault.errors import ArgumentError
 from bitfault.jobs.demo import demo_config
 from bitfault.recipes import RandBET, Recipe
 
@@ -173,6 +175,9 @@ def test_defaults_and_demo_example() -> None:
     ({"campaign": {"bers": [1e-3, 2]}}, "config key 'campaign.bers[1]': got 2; allowed: a bit "
                                         "error rate in [0, 1]"),
     ({"campaign": {"bers": ["1e-3", "lots"]}}, "config key 'campaign.bers[1]': got 'lots'"),
+    ({"campaign": {"bers": [True]}}, "config key 'campaign.bers[0]': got True; allowed: a bit "
+                                     "error rate in [0, 1]"),
+    ({"campaign": {"bers": [0.1, 0.1, "lots"]}}, "config key 'campaign.bers[2]': got 'lots'"),
     ({"campaign": {"chips": 0}}, "config key 'campaign.chips': got 0; allowed: a positive"),
     ({"campaign": {"chips": 10**7}}, "config key 'campaign.chips': got 10000000; allowed: a "
                                      "positive integer and <= 1000000"),
@@ -227,3 +232,31 @@ def test_file_errors(tmp_path: Path) -> None:
     (tmp_path / "deep.yaml").write_text("train:\n  epochs: 0\n")
     with pytest.raises(ConfigError, match="'train.epochs': got 0"):
         load_config(tmp_path / "deep.yaml")
+
+
+def test_nested_core_checks_name_the_key_through_the_error_object(monkeypatch) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config({"recipes": [{"name": "a"}, {"name": "b", "weight_clip": -1}]})
+    assert (info.value.key, info.value.value, info.value.allowed) == (
+        "recipes[1].weight_clip", -1, "weight_clip must be a positive finite number")
+    with pytest.raises(ConfigError) as info:  # a rule between arguments names its key too
+        load_config({"recipes": [{"name": "a", "format": None, "randbet": {"p_train": 0.1}}]})
+    assert (info.value.key, info.value.value) == ("recipes[0].randbet", {"p_train": 0.1})
+
+    class Mute(ArgumentError):  # an error whose text says nothing: only its attributes do
+        def __init__(self, *args: object) -> None:
+            super().__init__(*args)
+            self.args = ("?",)
+
+        def __str__(self) -> str:
+            return "?"
+
+    def check_positive(value: object, argument: str) -> float:
+        raise Mute(argument, value, "a number the test likes")
+
+    monkeypatch.setattr(bitfault.recipes, "check_positive", check_positive)
+    with pytest.raises(ConfigError) as info:
+        load_config({"recipes": [{"name": "a", "randbet": {"grad_clamp": 0.5}}]})
+    assert (info.value.key, info.value.value, info.value.allowed) == (
+        "recipes[0].randbet.grad_clamp", 0.5, "grad_clamp must be a number the test likes")
+

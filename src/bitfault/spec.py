@@ -40,8 +40,8 @@ PERSISTENCES = ("permanent", "transient")
 RESAMPLES = ("step", "forward")
 GRADIENTS = ("ste", "blocked")
 _SOURCES = ("ber", "count", "maps")
-_KEYS = ("format", "fault", "ber", "count", "maps", "seed", "targets", "persistence",
-         "resample", "gradient")
+SPEC_KEYS = ("format", "fault", "ber", "count", "maps", "seed", "targets", "persistence",
+             "resample", "gradient")
 
 Rate = float | Sequence[float] | Mapping[Any, float]
 
@@ -217,9 +217,9 @@ class FaultSpec:
     def from_dict(cls, data: Mapping[str, Any]) -> FaultSpec:
         if not isinstance(data, Mapping):
             raise TypeError(f"a spec must be a mapping, got {type(data).__name__}")
-        unknown = sorted(set(data) - set(_KEYS))
+        unknown = sorted(set(data) - set(SPEC_KEYS))
         if unknown:
-            raise ValueError(f"unknown spec key(s) {unknown}; allowed: {list(_KEYS)}")
+            raise ValueError(f"unknown spec key(s) {unknown}; allowed: {list(SPEC_KEYS)}")
         args = dict(data)
         if isinstance(args.get("ber"), Mapping):
             args["ber"] = {(int(k) if str(k).isdigit() else k): v for k, v in args["ber"].items()}
@@ -240,4 +240,4 @@ class FaultSpec:
     __hash__ = None  # type: ignore[assignment]
 
 
-__all__ = ["FaultSpec", "Source"]
+__all__ = ["SPEC_KEYS", "FaultSpec", "Source"]

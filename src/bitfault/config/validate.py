@@ -1,160 +1,44 @@
-"""Run configs: one validated description of a train + campaign + report run.
-
-``load_config(path_or_dict)`` reads YAML (``.yaml``/``.yml``, needs PyYAML) or TOML
-(``.toml``) or takes a dict, and returns a frozen :class:`RunConfig`. Every mistake
-is a :class:`ConfigError` naming the dotted key, the value and what is allowed::
+"""Config validation: a parsed mapping in, a frozen RunConfig out, or a ConfigError naming
+the dotted key, the value and what is allowed::
 
     config key 'train.epochs': got -1; allowed: a positive integer
     config key 'train.epoch': unknown; allowed: batch_size, epochs, lr, optimizer, weight_decay
 
 Numbers written as strings (PyYAML reads ``1e-3`` as the string "1e-3") are accepted
-wherever a float is expected. Framework-free: nothing here imports torch or keras.
+wherever a float is expected. Sections the library validates itself (recipes, formats,
+fault models, fault specs) are built by it: its ArgumentError says which argument failed,
+and that names the key (``recipes[1].weight_clip``). Framework-free.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
-from bitfault.faults import BitFlip, FaultModel, fault_from_dict
+from bitfault.config.schema import (
+    BUILTIN_MODELS,
+    FRAMEWORKS,
+    SOURCES,
+    CampaignConfig,
+    ConfigError,
+    DataConfig,
+    ModelConfig,
+    RunConfig,
+    TrainConfig,
+)
+from bitfault.errors import ArgumentError, ArgumentTypeError, check_choice, check_int, check_rate
+from bitfault.faults import fault_from_dict
 from bitfault.formats import format_from_dict
-from bitfault.recipes import RandBET, Recipe
-from bitfault.spec import _KEYS as _SPEC_KEYS
-from bitfault.spec import FaultSpec
+from bitfault.recipes import OPTIMIZERS, RandBET, Recipe
+from bitfault.spec import SPEC_KEYS, FaultSpec
 
-FRAMEWORKS = ("torch", "keras")
-SOURCES = ("embedded", "idx", "npz", "fashion-mnist")
-OPTIMIZERS = ("sgd", "adam")
-BUILTIN_MODELS = {"seed_mlp": ("hidden", "seed"), "small_cnn": ("channels", "seed", "norm")}
 MAX_CHIPS = 1_000_000
+INT64_MAX = 2**63 - 1  # SQLite INTEGER (campaign stores) and the frameworks' int64
+SEED_MAX = 2**32 - 1  # NumPy's legacy seed and keras.utils.set_random_seed
 _NAME = re.compile(r"[A-Za-z0-9_+-][A-Za-z0-9_.+-]{0,99}")
 _CALLABLE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
-
-
-class ConfigError(ValueError):
-    """A config mistake; the message names the dotted key, the value and what is allowed."""
-
-    def __init__(self, key: str, value: Any = None, allowed: str = "", *,
-                 unknown: bool = False) -> None:
-        self.key, self.value, self.allowed = key, value, allowed
-        got = "unknown" if unknown else f"got {value!r}"
-        super().__init__(f"config key {key!r}: {got}; allowed: {allowed}")
-
-
-# ---- sections ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class DataConfig:
-    """Where the digits come from; ``*_limit`` keeps the first N examples of a split."""
-
-    source: str = "embedded"
-    path: str | None = None
-    train_limit: int | None = None
-    test_limit: int | None = None
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """A built-in model (``seed_mlp``, ``small_cnn``) or ``"package.module:callable"``."""
-
-    name: str = "seed_mlp"
-    kwargs: Mapping[str, Any] = field(default_factory=dict)
-
-    @property
-    def builtin(self) -> bool:
-        return self.name in BUILTIN_MODELS
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    epochs: int = 10
-    batch_size: int = 100
-    lr: float = 0.05
-    optimizer: str = "sgd"
-    weight_decay: float = 0.0
-
-
-@dataclass(frozen=True)
-class CampaignConfig:
-    """A rate sweep per model (``chips`` simulated chips per rate, chip c has seed
-    ``seed + c``), plus per-tensor (``layers``) and per-bit (``bits``) sweeps at
-    ``sensitivity_bers`` with ``sensitivity_chips`` chips (default: ``bers``,
-    ``chips``) when enabled, and statistical single-fault injection when
-    ``single_faults`` is a margin: single bit faults sampled (Leveugle et al.) until
-    the share of faults that turn a correct prediction wrong is known to within that
-    margin at ``single_fault_confidence``."""
-
-    bers: tuple[float, ...] = (1e-4, 1e-3, 1e-2)
-    chips: int = 10
-    seed: int = 1000
-    fault: FaultModel = field(default_factory=BitFlip)
-    targets: str | tuple[str, ...] = "weights"
-    layers: bool = False
-    bits: bool = False
-    sensitivity_bers: tuple[float, ...] | None = None
-    sensitivity_chips: int | None = None
-    batch: int | None = None
-    single_faults: float | None = None
-    single_fault_confidence: float = 0.95
-
-    @property
-    def sweep_bers(self) -> tuple[float, ...]:
-        """The rates of the layer and bit sweeps."""
-        return self.sensitivity_bers if self.sensitivity_bers is not None else self.bers
-
-    @property
-    def sweep_chips(self) -> int:
-        """The chips per rate of the layer and bit sweeps."""
-        return self.sensitivity_chips if self.sensitivity_chips is not None else self.chips
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    """Everything a run needs; ``to_dict()`` round-trips through ``load_config``."""
-
-    framework: str = "torch"
-    seed: int = 0
-    output: str = "runs/example"
-    title: str = "bitfault report"
-    data: DataConfig = field(default_factory=DataConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    recipes: tuple[Recipe, ...] = field(default_factory=lambda: (Recipe(name="normal"),))
-    campaign: CampaignConfig = field(default_factory=CampaignConfig)
-
-    def replace(self, **changes: Any) -> RunConfig:
-        return dataclasses.replace(self, **changes)
-
-    def recipe(self, name: str) -> Recipe:
-        for r in self.recipes:
-            if r.name == name:
-                return r
-        raise KeyError(f"no recipe named {name!r}; have {[r.name for r in self.recipes]}")
-
-    def to_dict(self) -> dict[str, Any]:
-        c = self.campaign
-        return {
-            "framework": self.framework, "seed": self.seed, "output": self.output,
-            "title": self.title,
-            "data": dataclasses.asdict(self.data),
-            "model": {"name": self.model.name, "kwargs": dict(self.model.kwargs)},
-            "train": dataclasses.asdict(self.train),
-            "recipes": [r.to_dict() for r in self.recipes],
-            "campaign": {"bers": list(c.bers), "chips": c.chips, "seed": c.seed,
-                         "fault": c.fault.to_dict(),
-                         "targets": c.targets if isinstance(c.targets, str) else list(c.targets),
-                         "layers": c.layers, "bits": c.bits,
-                         "sensitivity_bers": None if c.sensitivity_bers is None
-                         else list(c.sensitivity_bers),
-                         "sensitivity_chips": c.sensitivity_chips, "batch": c.batch,
-                         "single_faults": c.single_faults,
-                         "single_fault_confidence": c.single_fault_confidence},
-        }
 
 
 # ---- value checks ------------------------------------------------------------------------
@@ -172,19 +56,14 @@ def _keys(data: Any, allowed: tuple[str, ...], where: str) -> Mapping[str, Any]:
     return data
 
 
-INT64_MAX = 2**63 - 1  # SQLite INTEGER (campaign stores) and the frameworks' int64
-SEED_MAX = 2**32 - 1  # NumPy's legacy seed and keras.utils.set_random_seed
-
-
 def _int(value: Any, key: str, *, minimum: int, none: bool = False,
          maximum: int = INT64_MAX, why: str = "") -> int | None:
     if value is None and none:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
-        what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-        what += f" and <= {maximum}{why}"
-        raise ConfigError(key, value, what + (" or null" if none else ""))
-    return int(value)
+    try:
+        return check_int(value, key, minimum, maximum)
+    except ArgumentError as exc:
+        raise ConfigError(key, value, exc.allowed + why + (" or null" if none else "")) from None
 
 
 def _float(value: Any, key: str, *, what: str, ok: Any, none: bool = False) -> float | None:
@@ -203,9 +82,10 @@ def _float(value: Any, key: str, *, what: str, ok: Any, none: bool = False) -> f
 
 
 def _choice(value: Any, allowed: tuple[str, ...], key: str) -> str:
-    if value not in allowed:
-        raise ConfigError(key, value, ", ".join(allowed))
-    return value
+    try:
+        return check_choice(value, allowed, key)
+    except ArgumentError:
+        raise ConfigError(key, value, ", ".join(allowed)) from None
 
 
 def _bool(value: Any, key: str) -> bool:
@@ -214,16 +94,26 @@ def _bool(value: Any, key: str) -> bool:
     return value
 
 
+
 def _rates(value: Any, key: str) -> tuple[float, ...]:
     what = "a non-empty list of bit error rates in [0, 1]"
     if isinstance(value, (str, int, float)) or not isinstance(value, (list, tuple)) or not value:
         raise ConfigError(key, value, what)
-    rates = tuple(_float(v, f"{key}[{i}]", what="a bit error rate in [0, 1]",
-                         ok=lambda f: 0.0 <= f <= 1.0) for i, v in enumerate(value))
+    rates = tuple(_rate(v, f"{key}[{i}]") for i, v in enumerate(value))
     for i, r in enumerate(rates):
         if r in rates[:i]:
             raise ConfigError(f"{key}[{i}]", value[i], "a rate not already in the list")
     return rates
+
+
+def _rate(value: Any, key: str) -> float:
+    """A bit error rate (a number or a numeric string, not a bool) in [0, 1]."""
+    try:
+        if isinstance(value, bool):
+            raise ArgumentTypeError(key, value, "a number in [0, 1]")
+        return check_rate(value, key)
+    except (ArgumentError, ArgumentTypeError):
+        raise ConfigError(key, value, "a bit error rate in [0, 1]") from None
 
 
 # ---- sections ----------------------------------------------------------------------------
@@ -300,23 +190,36 @@ def _numeric(value: Any) -> Any:
     return value
 
 
-def _library(key: str, value: Any, build: Any) -> Any:
-    """Run a library constructor; its ValueError/TypeError becomes a ConfigError at ``key``.
 
-    When ``value`` is a mapping and the library's message starts with one of its keys
-    ("bits must be ..."), the error names that key (``recipes[0].format.bits``).
+def _library(key: str, value: Any, build: Any) -> Any:
+    """Run a library constructor; its error becomes a ConfigError at ``key``.
+
+    An ArgumentError names the argument that failed: when ``value`` is a mapping with
+    that key, the error names it (``recipes[0].randbet`` -> ``recipes[0].randbet.p_train``)
+    and shows its value.
     """
     try:
         return build()
     except ConfigError:
         raise
+    except (ArgumentError, ArgumentTypeError) as exc:
+        if isinstance(value, Mapping) and exc.argument in value:
+            key, value = f"{key}.{exc.argument}", value[exc.argument]
+        raise ConfigError(key, value, exc.requirement) from None
     except (ValueError, TypeError, KeyError) as exc:
-        message = exc.args[0] if exc.args and isinstance(exc.args[0], str) else str(exc)
-        first = message.split(" ", 1)[0]
-        if isinstance(value, Mapping) and first in value:
-            key, value = f"{key}.{first}", value[first]
-        allowed = re.sub(r"[,;] got [^;]*$", "", message)
+        key, value, allowed = _from_message(key, value, exc)
         raise ConfigError(key, value, allowed) from None
+
+
+def _from_message(key: str, value: Any, exc: Exception) -> tuple[str, Any, str]:
+    """Key, value and allowed of a plain ValueError/TypeError, read from its text
+    ("bits must be ..., got 99"). Only for the core checks that do not raise
+    ArgumentError yet (formats, fault models, parts of FaultSpec)."""
+    message = exc.args[0] if exc.args and isinstance(exc.args[0], str) else str(exc)
+    first = message.split(" ", 1)[0]
+    if isinstance(value, Mapping) and first in value:
+        key, value = f"{key}.{first}", value[first]
+    return key, value, re.sub(r"[,;] got [^;]*$", "", message)
 
 
 def _recipe(raw: Any, i: int) -> Recipe:
@@ -352,7 +255,7 @@ def _recipe(raw: Any, i: int) -> Recipe:
             _library(f"{where}.randbet.{k}", v, lambda k=k, v=v: RandBET(**{k: v}))
         d["randbet"] = _library(f"{where}.randbet", rb, lambda: RandBET(**rb))
     if isinstance(d.get("fault_aware"), Mapping):
-        fa = dict(_keys(d["fault_aware"], _SPEC_KEYS, f"{where}.fault_aware"))
+        fa = dict(_keys(d["fault_aware"], SPEC_KEYS, f"{where}.fault_aware"))
         if "ber" in fa:
             b = fa["ber"]
             fa["ber"] = ([_numeric(v) for v in b] if isinstance(b, list) else
@@ -458,63 +361,4 @@ def config_from_dict(data: Mapping[str, Any]) -> RunConfig:
                      campaign=_campaign(d.get("campaign")))
 
 
-def read_config_file(path: str | os.PathLike[str], what: str = "config") -> dict[str, Any]:
-    """Parse a .yaml/.yml/.toml/.json file into a dict (not yet validated); ``what`` the file
-    holds ("config", "spec") names it in errors."""
-    path = os.fspath(path)
-    ext = os.path.splitext(path)[1].lower()
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path}: no such {what} file")
-    if ext not in (".yaml", ".yml", ".toml", ".json"):
-        raise ValueError(f"{path}: {what} files end in .yaml, .yml, .toml or .json")
-    try:
-        if ext == ".toml":
-            try:
-                import tomllib
-            except ModuleNotFoundError:  # Python 3.10
-                try:
-                    import tomli as tomllib
-                except ModuleNotFoundError:
-                    raise ModuleNotFoundError(f"{path}: reading TOML on Python 3.10 needs "
-                                              "tomli: pip install tomli") from None
-
-            with open(path, "rb") as fh:
-                data = tomllib.load(fh)
-        elif ext == ".json":
-            import json
-
-            with open(path, encoding="utf-8") as fh:
-                data = json.load(fh)
-        else:
-            try:
-                import yaml
-            except ModuleNotFoundError:
-                raise ModuleNotFoundError(f"{path}: reading YAML {what}s needs PyYAML: pip "
-                                          "install pyyaml (or 'bitfault[cli]')") from None
-            with open(path, encoding="utf-8") as fh:
-                data = yaml.safe_load(fh)
-    except ModuleNotFoundError:
-        raise
-    except Exception as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise ValueError(f"{path}: not valid {ext[1:].upper()} ({type(exc).__name__}: "
-                         f"{first})") from None
-    if data is None:
-        data = {}
-    if not isinstance(data, Mapping):
-        raise ValueError(f"{path}: a {what} is a mapping at the top level, got "
-                         f"{type(data).__name__}")
-    return dict(data)
-
-
-def load_config(source: str | os.PathLike[str] | Mapping[str, Any] | RunConfig) -> RunConfig:
-    """A validated RunConfig from a config file path, a dict, or a RunConfig."""
-    if isinstance(source, RunConfig):
-        return source
-    if isinstance(source, Mapping):
-        return config_from_dict(source)
-    return config_from_dict(read_config_file(source))
-
-
-__all__ = ["CampaignConfig", "ConfigError", "DataConfig", "ModelConfig", "RunConfig",
-           "TrainConfig", "config_from_dict", "load_config", "read_config_file"]
+__all__ = ["INT64_MAX", "MAX_CHIPS", "SEED_MAX", "config_from_dict"]

@@ -1,0 +1,143 @@
+"""The frozen sections of a run config (what ``load_config`` returns) and ConfigError."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from bitfault.faults import BitFlip, FaultModel
+from bitfault.recipes import Recipe
+
+FRAMEWORKS = ("torch", "keras")
+SOURCES = ("embedded", "idx", "npz", "fashion-mnist")
+BUILTIN_MODELS = {"seed_mlp": ("hidden", "seed"), "small_cnn": ("channels", "seed", "norm")}
+
+
+class ConfigError(ValueError):
+    """A config mistake; the message names the dotted key, the value and what is allowed."""
+
+    def __init__(self, key: str, value: Any = None, allowed: str = "", *,
+                 unknown: bool = False) -> None:
+        self.key, self.value, self.allowed = key, value, allowed
+        got = "unknown" if unknown else f"got {value!r}"
+        super().__init__(f"config key {key!r}: {got}; allowed: {allowed}")
+
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the digits come from; ``*_limit`` keeps the first N examples of a split."""
+
+    source: str = "embedded"
+    path: str | None = None
+    train_limit: int | None = None
+    test_limit: int | None = None
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A built-in model (``seed_mlp``, ``small_cnn``) or ``"package.module:callable"``."""
+
+    name: str = "seed_mlp"
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def builtin(self) -> bool:
+        """Whether ``name`` is one of bitfault's models (not a user's callable)."""
+        return self.name in BUILTIN_MODELS
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The optimiser settings every recipe of a run trains with."""
+
+    epochs: int = 10
+    batch_size: int = 100
+    lr: float = 0.05
+    optimizer: str = "sgd"
+    weight_decay: float = 0.0
+
+
+@dataclass(frozen=True)
+class CampaignConfig:
+    """A rate sweep per model (``chips`` simulated chips per rate, chip c has seed
+    ``seed + c``), plus per-tensor (``layers``) and per-bit (``bits``) sweeps at
+    ``sensitivity_bers`` with ``sensitivity_chips`` chips (default: ``bers``,
+    ``chips``) when enabled, and statistical single-fault injection when
+    ``single_faults`` is a margin: single bit faults sampled (Leveugle et al.) until
+    the share of faults that turn a correct prediction wrong is known to within that
+    margin at ``single_fault_confidence``."""
+
+    bers: tuple[float, ...] = (1e-4, 1e-3, 1e-2)
+    chips: int = 10
+    seed: int = 1000
+    fault: FaultModel = field(default_factory=BitFlip)
+    targets: str | tuple[str, ...] = "weights"
+    layers: bool = False
+    bits: bool = False
+    sensitivity_bers: tuple[float, ...] | None = None
+    sensitivity_chips: int | None = None
+    batch: int | None = None
+    single_faults: float | None = None
+    single_fault_confidence: float = 0.95
+
+    @property
+    def sweep_bers(self) -> tuple[float, ...]:
+        """The rates of the layer and bit sweeps."""
+        return self.sensitivity_bers if self.sensitivity_bers is not None else self.bers
+
+    @property
+    def sweep_chips(self) -> int:
+        """The chips per rate of the layer and bit sweeps."""
+        return self.sensitivity_chips if self.sensitivity_chips is not None else self.chips
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything a run needs; ``to_dict()`` round-trips through ``load_config``."""
+
+    framework: str = "torch"
+    seed: int = 0
+    output: str = "runs/example"
+    title: str = "bitfault report"
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    recipes: tuple[Recipe, ...] = field(default_factory=lambda: (Recipe(name="normal"),))
+    campaign: CampaignConfig = field(default_factory=CampaignConfig)
+
+    def replace(self, **changes: Any) -> RunConfig:
+        return dataclasses.replace(self, **changes)
+
+    def recipe(self, name: str) -> Recipe:
+        for r in self.recipes:
+            if r.name == name:
+                return r
+        raise KeyError(f"no recipe named {name!r}; have {[r.name for r in self.recipes]}")
+
+    def to_dict(self) -> dict[str, Any]:
+        c = self.campaign
+        return {
+            "framework": self.framework, "seed": self.seed, "output": self.output,
+            "title": self.title,
+            "data": dataclasses.asdict(self.data),
+            "model": {"name": self.model.name, "kwargs": dict(self.model.kwargs)},
+            "train": dataclasses.asdict(self.train),
+            "recipes": [r.to_dict() for r in self.recipes],
+            "campaign": {"bers": list(c.bers), "chips": c.chips, "seed": c.seed,
+                         "fault": c.fault.to_dict(),
+                         "targets": c.targets if isinstance(c.targets, str) else list(c.targets),
+                         "layers": c.layers, "bits": c.bits,
+                         "sensitivity_bers": None if c.sensitivity_bers is None
+                         else list(c.sensitivity_bers),
+                         "sensitivity_chips": c.sensitivity_chips, "batch": c.batch,
+                         "single_faults": c.single_faults,
+                         "single_fault_confidence": c.single_fault_confidence},
+        }
+
+
+
+__all__ = ["BUILTIN_MODELS", "FRAMEWORKS", "SOURCES", "CampaignConfig", "ConfigError",
+           "DataConfig", "ModelConfig", "RunConfig", "TrainConfig"]
