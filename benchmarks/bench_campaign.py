@@ -28,9 +28,9 @@ import torch
 
 import bitfault as bf
 from bitfault.campaign import rate_sweep, run, single_faults
-from bitfault.campaign.torch_eval import TorchEvaluator
 from bitfault.data import split_embedded_mnist
 from bitfault.models.torch import seed_mlp, small_cnn
+from bitfault.torch import TorchEvaluator
 
 F32 = bf.FaultSpec(format=bf.Float("float32"), ber=1e-3)
 SEED = bf.FaultSpec(format=bf.FixedPoint(32, 28, rounding="trunc"), ber=1e-3)

@@ -31,10 +31,10 @@ import torch
 
 import bitfault as bf
 from bitfault.campaign import rate_sweep, run
-from bitfault.campaign.torch_eval import TorchEvaluator
 from bitfault.data import load_idx_dir, split_embedded_mnist
 from bitfault.models.torch import seed_mlp, small_cnn
 from bitfault.recipes import Recipe
+from bitfault.torch import TorchEvaluator
 from bitfault.torch.training import fit
 
 RATES = (0.001, 0.01, 0.05, 0.10, 0.15, 0.20)

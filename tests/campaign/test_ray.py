@@ -100,8 +100,8 @@ def test_framework_evaluators_on_ray_match_local(cluster: None, tmp_path: Path) 
              bf.FaultSpec(format=bf.Float("float32"), ber=1e-3)]
     evaluators = {}
     torch = pytest.importorskip("torch")
-    from bitfault.campaign.torch_eval import TorchEvaluator
     from bitfault.models.torch import seed_mlp
+    from bitfault.torch import TorchEvaluator
 
     torch.manual_seed(0)
     evaluators["torch"] = lambda: TorchEvaluator(seed_mlp(hidden=16), x, y)

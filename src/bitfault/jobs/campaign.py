@@ -82,7 +82,7 @@ def check_campaign(config: RunConfig, *, stored_formats: bool = True) -> None:
 def make_evaluator(model: Any, framework: str, x: Any, y: Any, c: CampaignConfig) -> Any:
     """The framework's evaluator of ``model`` on (x, y) for the config's targets."""
     if framework == "torch":
-        from bitfault.campaign.torch_eval import TorchEvaluator
+        from bitfault.torch import TorchEvaluator
 
         if isinstance(c.targets, str):
             return TorchEvaluator(model, x, y, biases=c.targets == "weights+biases",

@@ -11,7 +11,8 @@
 ``inject`` is the tensor-level twin of ``bitfault.inject``: the same bits, on a
 torch tensor, on its device. ``fit`` trains for bit-error robustness as a
 ``bitfault.recipes.Recipe`` says (weight clipping, RandBET, bounded ReLUs;
-docs/recipes.md). Importing this module imports torch.
+docs/recipes.md). ``TorchEvaluator`` runs campaigns (``bitfault.campaign``) on a
+model and dataset. Importing this module imports torch.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - exercised only without 
 
 from bitfault.torch._inject import DEFAULT_MODULES, FaultHandle, batch_map, inject_
 from bitfault.torch._tensor import inject
+from bitfault.torch.evaluate import TorchEvaluator
 from bitfault.torch.recipes import (
     BoundedReLU,
     ClipHandle,
@@ -39,6 +41,6 @@ from bitfault.torch.training import (
     stored_weights,
 )
 
-__all__ = ["DEFAULT_MODULES", "BoundedReLU", "ClipHandle", "FaultHandle", "batch_map",
-           "bound_relus_", "calibrate_relu_thresholds", "clip_weights_", "evaluate", "fit",
-           "inject", "inject_", "quantised_weights", "randbet_step", "stored_weights"]
+__all__ = ["DEFAULT_MODULES", "BoundedReLU", "ClipHandle", "FaultHandle", "TorchEvaluator",
+           "batch_map", "bound_relus_", "calibrate_relu_thresholds", "clip_weights_", "evaluate",
+           "fit", "inject", "inject_", "quantised_weights", "randbet_step", "stored_weights"]

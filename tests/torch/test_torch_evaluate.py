@@ -26,10 +26,10 @@ from bitfault.campaign import (  # noqa: E402
     single_faults,
     trial_maps,
 )
-from bitfault.campaign.torch_eval import TorchEvaluator, _Patched  # noqa: E402
 from bitfault.data import split_embedded_mnist  # noqa: E402
 from bitfault.models.torch import seed_mlp, small_cnn  # noqa: E402
-from bitfault.torch import inject, inject_  # noqa: E402
+from bitfault.torch import TorchEvaluator, inject, inject_  # noqa: E402
+from bitfault.torch.evaluate import _Patched  # noqa: E402
 
 SEED_FORMAT = bf.FixedPoint(32, 28, rounding="trunc")
 INT8 = bf.FaultSpec(format=bf.IntQuant(8), ber=1e-3)

@@ -1,0 +1,87 @@
+"""The model's ``torch.fx`` graph, for ``TorchEvaluator``'s clean-activation reuse.
+
+One traced clean run keeps the value of every node (checked by the evaluator to equal
+``model(x)`` bit for bit); a trial whose faults sit in one tensor then recomputes only
+the nodes that depend on that tensor, from the module that owns it: the same
+operations on the same values, so the same bits.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+
+class TracedGraph:
+    """A traced model: its nodes in order and, per format key, the clean value of every
+    node per data batch (``clean[key][batch][node]``)."""
+
+    def __init__(self, gm: Any) -> None:
+        self.nodes = [n for n in gm.graph.nodes]
+        self.position = {n: i for i, n in enumerate(self.nodes)}
+        self.output = next(n for n in self.nodes if n.op == "output")
+        self.clean: dict[Any, list[dict[Any, Any]]] = {}
+
+    @classmethod
+    def trace(cls, model: Any) -> TracedGraph | None:
+        """``model``'s fx graph, or None when it cannot be traced."""
+        import torch.fx
+
+        try:
+            return cls(torch.fx.symbolic_trace(model))
+        except Exception:  # data-dependent control flow etc.: no reuse, still correct
+            return None
+
+    def seeds(self, name: str) -> list[Any]:
+        """The nodes that read tensor ``name``: calls of its module, or reads of it."""
+        module = name.rpartition(".")[0]
+        return [n for n in self.nodes if (n.op == "call_module" and n.target == module)
+                or (n.op == "get_attr" and n.target == name)]
+
+    def dependents(self, seeds: Sequence[Any]) -> set[Any]:
+        """``seeds`` (in graph order) and every node after the first that depends on them."""
+        dirty = set(seeds)
+        for node in self.nodes[self.position[seeds[0]]:]:
+            if any(a in dirty for a in node.all_input_nodes):
+                dirty.add(node)
+        return dirty
+
+
+def run_nodes(model: Any, nodes: Iterable[Any], env: dict[Any, Any],
+              params: Mapping[str, Any], x: Any, only: set[Any] | None = None) -> None:
+    """Evaluate ``nodes`` of ``model``'s graph in order into ``env`` (the same calls the
+    model's forward makes), with ``params`` (tensor name -> value) in place of the
+    modules' own tensors; ``x`` is the placeholder's value, ``only`` limits the nodes."""
+    from torch.func import functional_call
+    from torch.fx.node import map_arg
+
+    for node in nodes:
+        if only is not None and node not in only:
+            continue
+        op = node.op
+        if op == "placeholder":
+            env[node] = x
+        elif op == "get_attr":
+            env[node] = params.get(node.target, None)
+            if env[node] is None:
+                env[node] = functools.reduce(getattr, node.target.split("."), model)
+        elif op == "output":
+            env[node] = map_arg(node.args[0], lambda n: env[n])
+        else:
+            args = map_arg(node.args, lambda n: env[n])
+            kwargs = map_arg(node.kwargs, lambda n: env[n])
+            if op == "call_function":
+                env[node] = node.target(*args, **kwargs)
+            elif op == "call_method":
+                env[node] = getattr(args[0], node.target)(*args[1:], **kwargs)
+            else:  # call_module
+                prefix = node.target + "."
+                own = {k[len(prefix):]: v for k, v in params.items() if k.startswith(prefix)
+                       and "." not in k[len(prefix):]}
+                mod = model.get_submodule(node.target)
+                env[node] = functional_call(mod, own, args, kwargs) if own else mod(*args,
+                                                                                   **kwargs)
+
+
+__all__ = ["TracedGraph", "run_nodes"]

@@ -1,0 +1,237 @@
+"""``TorchEvaluator``'s single-fault shortcut (one element of one Linear/Conv weight).
+
+Only the changed column/channel of that module's output is computed, only for the
+examples it changes, and the rest of the graph runs once for the changed examples of
+many faults stacked together (dropping examples whose values come back to clean).
+Conv channels are recomputed with the faulty weight; a Linear column is
+``clean + x[:, j] * (w' - w)``, which can differ from a full matmul in the last bit of
+that column (see docs/campaigns.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from bitfault.campaign.evaluator import predicted_labels, stores_elementwise
+from bitfault.maps import FaultMap
+from bitfault.spec import FaultSpec
+from bitfault.torch.graph import TracedGraph, run_nodes
+
+
+class SingleFaultPaths:
+    """The single-fault paths of ``TorchEvaluator`` (a mixin of it: they use its model,
+    traced graph, clean activations, stored tensors and golden runs)."""
+
+    model: Any
+    device: Any
+    labels: np.ndarray
+    max_bytes: int
+    _clean: dict[str, Any]
+    _owner: dict[str, tuple[str, str, str]]
+
+    def _single_ok(self, name: str) -> bool:
+        from torch import nn
+
+        module, _, attr = self._owner[name]
+        mod = self.model.get_submodule(module) if module else self.model
+        if attr != "weight" or self.graph() is None:
+            return False
+        if isinstance(mod, nn.Linear):
+            pass
+        elif isinstance(mod, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
+            if mod.groups != 1 or mod.padding_mode != "zeros":
+                return False
+        else:
+            return False
+        seeds = self.graph().seeds(name)
+        return (len(seeds) == 1 and seeds[0].op == "call_module" and len(seeds[0].args) == 1
+                and not seeds[0].kwargs)
+
+    def _predict_singles(self, name: str, faults: list[tuple[int, int, int]],
+                         spec: FaultSpec) -> dict[int, np.ndarray]:
+        """Single faults in one weight: (trial position, flat element, mask) each."""
+        envs = self._clean_env(spec)
+        if envs is None:
+            return {k: self._predict_full({name: self._single_map(name, e, m)}, spec)
+                    for k, e, m in faults}
+        golden = self.golden(spec)
+        preds = {k: golden.copy() for k, _, _ in faults}
+        # faults on distinct elements can share one injection (the format acts per element)
+        groups: list[list[tuple[int, int, int]]] = []
+        seen: dict[int, int] = {}  # element -> faults on it so far: its k-th goes to group k
+        for f in faults:
+            k = seen.get(f[1], 0)
+            seen[f[1]] = k + 1
+            if k == len(groups):
+                groups.append([])
+            groups[k].append(f)
+        for grp in groups:
+            self._singles_group(name, grp, spec, envs, preds)
+        return preds
+
+    def _single_map(self, name: str, element: int, mask: int) -> FaultMap:
+        shape = tuple(self._clean[name].shape)
+        return FaultMap(shape, np.array([element], np.int64), np.array([mask], np.uint32), name)
+
+    def _singles_group(self, name: str, faults: list[tuple[int, int, int]], spec: FaultSpec,
+                       envs: list[dict[Any, Any]], preds: dict[int, np.ndarray]) -> None:
+        """Faults on distinct elements of one Linear/Conv weight, evaluated together."""
+        import torch
+        from torch import nn
+
+        g = self.graph()
+        shape = tuple(self._clean[name].shape)
+        node = g.seeds(name)[0]
+        module = self.model.get_submodule(node.target)
+        if isinstance(module, nn.Linear) and envs[0][node.args[0]].ndim != 2:
+            for k, e, m in faults:  # (batch, ..., features) inputs: no column shortcut
+                preds[k] = self._predict_layer(name, self._single_map(name, e, m), spec)
+            return
+        dirty = g.dependents([node])
+        if g.output not in dirty:
+            return
+        elems = np.array([e for _, e, _ in faults], np.int64)
+        order = np.argsort(elems)
+        joint = FaultMap(shape, elems[order], np.array([m for _, _, m in faults],
+                                                       np.uint32)[order], name)
+        stored_all = self.stored(spec)
+        stored = stored_all[name]
+        idx_all = torch.as_tensor(elems, device=self.device)
+        if stores_elementwise(spec.format):  # only the faulty elements change
+            new_all = torch.empty(len(faults), dtype=stored.dtype, device=self.device)
+            sorted_idx = torch.as_tensor(order, device=self.device)
+            new_all[sorted_idx] = self._faulty_elements(name, idx_all[sorted_idx], joint, spec)
+        else:
+            new_all = self.faulty(name, joint, spec).reshape(-1)[idx_all]
+        params = {k: v for k, v in stored_all.items() if k != name}
+        bias = stored_all.get(f"{node.target}.bias", module.bias)
+        out_numel = envs[0][node][0].numel()
+        per_fault = max(1, (self.max_bytes // 4) // max(1, out_numel // max(1, shape[0])
+                                                       * len(self.labels)))
+        if isinstance(module, nn.Linear):
+            per_fault = len(faults)
+        with torch.no_grad():
+            for c in range(0, len(faults), per_fault):
+                idx = idx_all[c:c + per_fault]
+                new_w, old_w = new_all[c:c + per_fault], stored.reshape(-1)[idx]
+                offset = 0
+                for b, clean in zip(self._batches(), envs, strict=True):
+                    xin, out = clean[node.args[0]], clean[node]
+                    if isinstance(module, nn.Linear):
+                        col = idx // shape[1]
+                        old = out[:, col]  # (N, F)
+                        new = old + xin[:, idx % shape[1]] * (new_w - old_w)
+                    else:
+                        per = int(np.prod(shape[1:]))
+                        col = idx // per
+                        kernels = stored.reshape(shape[0], -1)[col].clone()
+                        kernels[torch.arange(len(idx)), idx % per] = new_w
+                        kernels = kernels.reshape(len(idx), *shape[1:])
+                        new = module._conv_forward(xin, kernels,
+                                                   None if bias is None else bias[col])
+                    self._suffix(g, node, dirty, clean, new, col, c, params, len(xin), faults,
+                                 preds, offset)
+                    offset += b.stop - b.start
+
+    def _rank_one_linear(self, node: Any, prev: Any, clean: Mapping[Any, Any]) -> Any:
+        """The nn.Linear that ``node`` calls on ``prev`` alone, with (N, features) input; or
+        None. Then a change in one feature changes its output by a rank-one update."""
+        from torch import nn
+
+        if node.op != "call_module" or node.args != (prev,) or node.kwargs:
+            return None
+        mod = self.model.get_submodule(node.target)
+        ok = isinstance(mod, nn.Linear) and clean[prev].ndim == 2
+        return mod if ok else None
+
+    def _suffix(self, g: TracedGraph, node: Any, dirty: set[Any], clean: dict[Any, Any],
+                vals: Any, col: Any, first: int, params: Mapping[str, Any], n_batch: int,
+                faults: list[tuple[int, int, int]], preds: dict[int, np.ndarray],
+                offset: int) -> None:
+        """Run the dirty nodes after ``node`` for faults ``first ...`` at once.
+
+        ``vals[n, f]`` is channel ``col[f]`` (dim 1) of ``node``'s output for example ``n``
+        under fault ``f``; every other channel is clean. Per-channel operations (ReLU, max
+        pooling) run on these channels alone (``(N, F, ...)``, as if F were channels:
+        exact); an example whose channel is back to clean is clean from there on. The
+        first other operation gets whole rows, only for changed (example, fault) pairs,
+        stacked along the batch dimension in memory-sized chunks: the same calls as the
+        model's forward.
+        """
+        import torch
+
+        after = [n for n in g.nodes[g.position[node] + 1:] if n in dirty]
+        prev, k = node, 0
+        changed = _changed(vals, clean[node].index_select(1, col))
+        while k < len(after) and _per_channel(after[k], prev, self.model):
+            tmp = {prev: vals}
+            run_nodes(self.model, [after[k]], tmp, params, None)
+            vals, prev = tmp[after[k]], after[k]
+            changed &= _changed(vals, clean[prev].index_select(1, col))
+            k += 1
+        rows_n, rows_f = torch.nonzero(changed, as_tuple=True)
+        if not len(rows_n):
+            return
+        row_bytes = max(1, clean[prev][0].numel() * clean[prev].element_size() * 4)
+        step = max(1, self.max_bytes // row_bytes)
+        rest = after[k:]
+        linear = self._rank_one_linear(rest[0], prev, clean) if rest else None
+        for a in range(0, len(rows_n), step):
+            rn, rf = rows_n[a:a + step], rows_f[a:a + step]
+            if linear is not None:
+                # one input feature changed: the Linear's output moves by delta * W[:, feature]
+                weight = params.get(f"{rest[0].target}.weight", linear.weight)
+                delta = vals[rn, rf] - clean[prev][rn, col[rf]]
+                env: dict[Any, Any] = {rest[0]: torch.addcmul(
+                    clean[rest[0]][rn], delta[:, None], weight[:, col[rf]].T)}
+                todo = rest[1:]
+            else:
+                full = clean[prev][rn].clone()
+                full[torch.arange(len(rn)), col[rf]] = vals[rn, rf]
+                env = {prev: full}
+                todo = rest
+            for n in todo:
+                for inp in n.all_input_nodes:
+                    if inp not in env:
+                        v = clean[inp]
+                        env[inp] = (v[rn] if isinstance(v, torch.Tensor) and v.ndim
+                                    and len(v) == n_batch else v)
+                run_nodes(self.model, [n], env, params, None)
+            labels = predicted_labels(env[g.output].float().cpu().numpy())
+            rn_np, rf_np = rn.cpu().numpy(), rf.cpu().numpy() + first
+            for f in np.unique(rf_np):
+                sel = rf_np == f
+                preds[faults[f][0]][offset + rn_np[sel]] = labels[sel]
+
+
+def _changed(v: Any, ref: Any) -> Any:
+    """(N, F) mask: example n's channel f differs from clean (NaN counts as different)."""
+    return (v != ref).reshape(v.shape[0], v.shape[1], -1).any(2)
+
+
+def _per_channel(node: Any, prev: Any, model: Any) -> bool:
+    """Whether ``node`` acts on each channel (dim 1) of ``prev`` alone: ReLU or max pooling
+    of it, with no other tensor input (then it can run on one channel, exactly)."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    if node.all_input_nodes != [prev] or not node.args or node.args[0] is not prev:
+        return False
+    if node.op == "call_function":
+        fns = (torch.relu, F.relu, torch.max_pool1d, torch.max_pool2d, torch.max_pool3d,
+               F.max_pool1d, F.max_pool2d, F.max_pool3d)
+        return node.target in fns and not node.kwargs.get("return_indices", False)
+    if node.op == "call_method":
+        return node.target == "relu"
+    if node.op == "call_module":
+        mod = model.get_submodule(node.target)
+        return (isinstance(mod, (nn.ReLU, nn.Identity)) or (isinstance(
+            mod, (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d)) and not mod.return_indices))
+    return False
+
+
+__all__ = ["SingleFaultPaths"]
