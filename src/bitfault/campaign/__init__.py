@@ -1,8 +1,8 @@
 """Resilience campaigns: grids of trials, a resumable SQLite store, and the engine.
 
-Framework-free (imports no framework and no adapter): the PyTorch and Keras adapters
-supply evaluators (``bitfault.torch.TorchEvaluator``, ``bitfault.keras``'s) that
-implement the ``Evaluator`` protocol and run many fault maps per forward pass.
+Framework-free (imports no framework and no adapter): the framework adapters supply
+evaluators (``TorchEvaluator``, ``KerasEvaluator``) that implement the ``Evaluator``
+protocol and run many fault maps per forward pass.
 """
 
 from bitfault.campaign.evaluator import Evaluator, NumpyEvaluator

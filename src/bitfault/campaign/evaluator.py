@@ -1,10 +1,9 @@
 """What the engine asks of a model + dataset, and the pieces every evaluator shares.
 
 The ``Evaluator`` protocol, ``NumpyEvaluator`` (a NumPy forward function), and the
-framework-free caches and helpers that the PyTorch and Keras evaluators
-(``bitfault.torch.TorchEvaluator``, ``bitfault.keras``'s ``KerasEvaluator``) both use:
-keys per format and fault model, golden runs, a byte-bounded cache, digests and
-predicted labels.
+framework-free caches and helpers that the adapters' evaluators (``TorchEvaluator``,
+``KerasEvaluator``) share: keys per format and fault model, golden runs, a byte-bounded
+cache, digests and predicted labels.
 """
 
 from __future__ import annotations
