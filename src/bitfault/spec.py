@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from bitfault.errors import check_choice, check_rate, check_seed
+from bitfault.errors import ArgumentError, check_choice, check_rate, check_seed
 from bitfault.faults import BitFlip, FaultModel
 from bitfault.formats import FixedPoint, Format
 from bitfault.maps import FaultMap
@@ -84,8 +84,8 @@ class Source:
                 object.__setattr__(self, "ber", check_rate(b, "ber"))
         if self.count is not None and (isinstance(self.count, bool) or not isinstance(
                 self.count, (int, np.integer)) or self.count < 0):
-            raise ValueError(f"count must be a non-negative integer (faulty bits per tensor), "
-                             f"got {self.count!r}")
+            raise ArgumentError("count", self.count, "a non-negative integer (faulty bits per "
+                                "tensor)")
         if self.maps is not None:
             if not isinstance(self.maps, Mapping) or not self.maps:
                 raise ValueError("maps must be a non-empty mapping from tensor name to FaultMap")

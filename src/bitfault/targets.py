@@ -128,7 +128,8 @@ def _kinds(items: Any, allowed: tuple[str, ...], argument: str) -> tuple[str, ..
         raise ArgumentTypeError(argument, items,
                                 f"one of {allowed} or a sequence of them") from None
     if not items:
-        raise ValueError(f"{argument} must name at least one of {allowed}")
+        raise ArgumentError(argument, list(items), f"at least one of {allowed}",
+                            requirement=f"{argument} must name at least one of {allowed}")
     for t in items:
         check_choice(t, allowed, argument)
     return tuple(t for t in allowed if t in items)
