@@ -9,23 +9,23 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import bitfault as bf  # noqa: E402
-from bitfault.torch import _fused  # noqa: E402
-from bitfault.torch._kernels import DeviceFaults, faulty_group  # noqa: E402
+from bitfault.torch import seam  # noqa: E402
+from bitfault.torch.seam import DeviceFaults, faulty_group  # noqa: E402
 
-needs_numba = pytest.mark.skipif(not _fused.available(), reason="Numba is not installed")
+needs_numba = pytest.mark.skipif(not seam.numba_available(), reason="Numba is not installed")
 
 
 def test_numba_can_be_switched_off_by_the_environment(monkeypatch):
-    _fused.available.cache_clear()
+    seam.numba_available.cache_clear()
     try:
         monkeypatch.setenv("BITFAULT_NUMBA", "0")
-        assert not _fused.available()
-        _fused.available.cache_clear()
+        assert not seam.numba_available()
+        seam.numba_available.cache_clear()
         monkeypatch.setenv("BITFAULT_NUMBA", "1")
-        assert _fused.available() == (importlib.util.find_spec("numba") is not None)
+        assert seam.numba_available() == (importlib.util.find_spec("numba") is not None)
     finally:
         monkeypatch.delenv("BITFAULT_NUMBA")
-        _fused.available.cache_clear()
+        seam.numba_available.cache_clear()
 
 
 @needs_numba
@@ -54,7 +54,7 @@ def _both_paths(monkeypatch, xs, fmt, fault, maps):
     faults = DeviceFaults.build(maps, fault.eligible_mask(fmt), "cpu")
     fused = faulty_group(xs, fmt, fault, faults)
     with monkeypatch.context() as m:
-        m.setattr(_fused, "available", lambda: False)
+        m.setattr(seam, "numba_available", lambda: False)
         plain = faulty_group(xs, fmt, fault, faults)
     return fused, plain
 

@@ -8,18 +8,18 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import bitfault as bf  # noqa: E402
-from bitfault.torch import _fused, _kernels, inject  # noqa: E402
-from bitfault.torch._kernels import DeviceFaults, faulty_group  # noqa: E402
+from bitfault.torch import inject, seam  # noqa: E402
+from bitfault.torch.seam import DeviceFaults, faulty_group  # noqa: E402
 
 
 @pytest.fixture(autouse=True, params=["numba", "torch"])
 def kernels(request, monkeypatch):
     """Every test here runs twice on the CPU: through the compiled one-pass kernels and
     through the PyTorch paths (what runs without Numba, and on other devices)."""
-    if request.param == "numba" and not _fused.available():
+    if request.param == "numba" and not seam.numba_available():
         pytest.skip("Numba is not installed (or BITFAULT_NUMBA=0)")
     if request.param == "torch":
-        monkeypatch.setattr(_kernels._fused, "available", lambda: False)
+        monkeypatch.setattr(seam, "numba_available", lambda: False)
     return request.param
 
 FORMATS = [

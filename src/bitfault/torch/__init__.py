@@ -24,7 +24,6 @@ except ModuleNotFoundError as exc:  # pragma: no cover - exercised only without 
         "bitfault.torch needs PyTorch: pip install 'bitfault[torch]' (or torch itself)") from exc
 
 from bitfault.torch._inject import DEFAULT_MODULES, FaultHandle, batch_map, inject_
-from bitfault.torch._tensor import inject
 from bitfault.torch.evaluate import TorchEvaluator
 from bitfault.torch.recipes import (
     BoundedReLU,
@@ -33,6 +32,7 @@ from bitfault.torch.recipes import (
     calibrate_relu_thresholds,
     clip_weights_,
 )
+from bitfault.torch.seam import inject
 from bitfault.torch.training import (
     evaluate,
     fit,

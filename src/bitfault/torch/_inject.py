@@ -36,7 +36,7 @@ from bitfault.inject import InjectionStats, inject_with_stats
 from bitfault.maps import FaultMap
 from bitfault.memory import check_map_fits
 from bitfault.spec import FaultSpec
-from bitfault.torch._kernels import DeviceFaults, check_float_dtype, faulty_group
+from bitfault.torch.seam import DeviceFaults, check_float_dtype, faulty_group
 
 DEFAULT_MODULES: tuple[type[nn.Module], ...] = (
     nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Embedding)

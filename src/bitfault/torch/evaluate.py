@@ -74,7 +74,7 @@ class TorchEvaluator(SingleFaultPaths):
         from torch import nn
 
         from bitfault.torch import DEFAULT_MODULES
-        from bitfault.torch._kernels import check_float_dtype
+        from bitfault.torch.seam import check_float_dtype
 
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -212,7 +212,7 @@ class TorchEvaluator(SingleFaultPaths):
         import torch
 
         from bitfault.torch import inject
-        from bitfault.torch._kernels import compiled_for
+        from bitfault.torch.seam import compiled_for
 
         clean = self._clean[name]
         compiled = compiled_for(clean, spec.format)  # one fast pass
@@ -268,8 +268,7 @@ class TorchEvaluator(SingleFaultPaths):
         """Write the faulty tensor straight into the replica with the compiled kernel; False
         where that does not apply (another device or dtype, a format it lacks, NaN or inf
         in an IntQuant tensor), and the replica is then untouched or to be overwritten."""
-        from bitfault.torch import _fused
-        from bitfault.torch._kernels import compiled_for
+        from bitfault.torch.seam import compiled_for, compiled_pass
 
         key = (name, self._key(spec))
         views = self._views.get(key)
@@ -281,7 +280,7 @@ class TorchEvaluator(SingleFaultPaths):
         if not views:
             return self._patch_stored(name, fmap, spec)
         self._loaded[name] = None
-        return _fused.bind_map(spec.format, spec.fault, fmap)(*views)
+        return compiled_pass(spec.format, spec.fault, fmap)(*views)
 
     def _patch_stored(self, name: str, fmap: FaultMap, spec: FaultSpec) -> bool:
         """Where the compiled pass does not apply (a Float format, FixedPoint "wrap", a

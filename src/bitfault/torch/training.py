@@ -23,7 +23,7 @@ from torch import nn
 from torch.func import functional_call
 
 from bitfault.errors import check_int
-from bitfault.faults import BitFlip, _FaultBase
+from bitfault.faults import BitFlip, FaultModel
 from bitfault.formats import Format, gradient_bounds
 from bitfault.maps import FaultMap
 from bitfault.recipes import (
@@ -35,8 +35,8 @@ from bitfault.recipes import (
     check_training_loss,
 )
 from bitfault.torch._inject import _LIVE, DEFAULT_MODULES, _through, inject_
-from bitfault.torch._kernels import DeviceFaults, faulty_group
 from bitfault.torch.recipes import bound_relus_, calibrate_relu_thresholds, clip_weights_
+from bitfault.torch.seam import DeviceFaults, faulty_group
 
 
 def stored_weights(model: nn.Module) -> dict[str, nn.Parameter]:
@@ -53,7 +53,7 @@ def stored_weights(model: nn.Module) -> dict[str, nn.Parameter]:
 
 
 def quantised_weights(model: nn.Module, format: Format, maps: Mapping[str, FaultMap] | None = None,
-                      fault: _FaultBase | None = None) -> dict[str, torch.Tensor]:
+                      fault: FaultModel | None = None) -> dict[str, torch.Tensor]:
     """The weights a recipe's forward pass uses: each of ``stored_weights(model)`` encoded
     in ``format``, faulted by ``fault`` (bit flips) at ``maps[name]`` (none by default),
     decoded. Bit for bit ``bitfault.inject``; wired straight through to the float

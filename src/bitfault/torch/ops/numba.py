@@ -1,25 +1,24 @@
 """One-pass encode -> fault -> decode for float32 tensors on the CPU, compiled with Numba.
 
-Eager PyTorch runs the float32 fast paths of ``_kernels`` as three to six
-separate passes over the weights (round, check, decode; IntQuant in float64
-adds conversions). A fault-aware MLP step at batch 100 spends as long on those
-passes as on its matmuls. These kernels do the same arithmetic, in the same
-precision and order, element by element in one loop: each weight is read once
-and its decoded value written once; then the few faulty elements are encoded
-again from the clean input, faulted as words and decoded over it.
+Eager PyTorch runs the float32 fast paths (``ops.float32``) as three to six separate
+passes over the weights (round, check, decode; IntQuant in float64 adds conversions).
+A fault-aware MLP step at batch 100 spends as long on those passes as on its matmuls.
+These kernels do the same arithmetic, in the same precision and order, element by
+element in one loop: each weight is read once and its decoded value written once; then
+the few faulty elements are encoded again from the clean input, faulted as words and
+decoded over it.
 
-Bit for bit what ``faulty_group``'s PyTorch paths (and so ``bitfault.inject``)
-compute; the test suite runs both. Numba is optional (the ``torch`` extra
-installs it): without it, or with ``BITFAULT_NUMBA=0`` in the environment, the
-PyTorch paths run. The first call compiles a kernel (about a second), cached on
-disk where Numba can write.
+Bit for bit what the PyTorch paths (and so ``bitfault.inject``) compute; the test suite
+runs both. Numba is optional (the ``torch`` extra installs it); ``bitfault.torch.seam``
+decides when these kernels run (not without Numba, nor with ``BITFAULT_NUMBA=0`` in the
+environment). The first call compiles a kernel (about a second), cached on disk where
+Numba can write.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import os
 import warnings
 from collections.abc import Callable
 
@@ -31,6 +30,7 @@ from bitfault.maps import FaultMap
 
 _MIN_SCALE = IntQuant.min_scale  # a global: a compile-time constant in the kernel
 
+
 def fault_op(fault: FaultModel) -> int:
     """The kernels' code for a fault model: 0 xor, 1 or, 2 and-not."""
     if isinstance(fault, BitFlip):
@@ -38,31 +38,6 @@ def fault_op(fault: FaultModel) -> int:
     if isinstance(fault, StuckAt):
         return 1 if fault.value == 1 else 2
     raise TypeError(f"fault must be BitFlip() or StuckAt(0|1), got {fault!r}")
-
-
-@functools.cache
-def available() -> bool:
-    """Numba imports and ``BITFAULT_NUMBA`` is not ``0``."""
-    if os.environ.get("BITFAULT_NUMBA", "1").strip() == "0":
-        return False
-    try:
-        import numba  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def supports(fmt: object, ndim: int) -> bool:
-    """FixedPoint with overflow "saturate", and IntQuant per tensor or per channel along
-    axis 0 (a weight's output channels); ValueError for an axis the tensor lacks."""
-    if isinstance(fmt, FixedPoint):
-        return fmt.overflow == "saturate"
-    if not isinstance(fmt, IntQuant):
-        return False
-    if fmt.axis is None:
-        return True
-    fmt._reduce_axes(ndim)
-    return fmt.axis % ndim == 0
 
 
 def _jit(fn: Callable, **options: str) -> Callable:
@@ -190,8 +165,9 @@ def _kernels() -> dict[str, Callable]:
 def bind(fmt: FixedPoint | IntQuant, fault: FaultModel, index: np.ndarray, masks: np.ndarray,
          shape: tuple[int, ...]) -> Callable[[np.ndarray, np.ndarray], bool]:
     """One tensor's kernel with all but its data bound: ``call(x, out)`` sets the flat float32
-    ``out`` to decode(fault(encode(x))) of the flat float32 ``x`` (a format ``supports``);
-    it returns False when an IntQuant ``x`` holds NaN or inf (``out`` is then all NaN).
+    ``out`` to decode(fault(encode(x))) of the flat float32 ``x`` (a format that
+    ``seam.compiled_for`` accepts); it returns False when an IntQuant ``x`` holds NaN or
+    inf (``out`` is then all NaN).
 
     ``index``: flat int64 positions of the faulty elements; ``masks``: their int64 bit masks
     (already restricted to the eligible bits). FixedPoint needs overflow "saturate";

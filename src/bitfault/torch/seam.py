@@ -1,0 +1,286 @@
+"""The seam of the PyTorch adapter: (tensors, format, fault model, maps) -> faulty values.
+
+The only module that chooses a kernel; every path gives the bits ``bitfault.inject`` gives:
+
+* the compiled one-pass CPU loops (``ops.numba``): float32 on the CPU, FixedPoint
+  "saturate" and IntQuant per tensor or per channel along axis 0, when Numba imports
+  and ``BITFAULT_NUMBA`` is not ``0``;
+* the float32 fast paths (``ops.float32``): FixedPoint "saturate", Float("float32") and
+  IntQuant, on any device;
+* the generic path (``ops.generic``): every format, overflow policy and float dtype.
+
+bfloat16 goes through float32 and is rounded back by PyTorch's cast. ``inject_``,
+``fit``, ``quantised_weights`` and ``TorchEvaluator`` all come through here.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from bitfault.faults import FaultModel, check_fault_model
+from bitfault.formats import FixedPoint, Float, Format, IntQuant, is_format
+from bitfault.maps import FaultMap
+from bitfault.memory import check_map_fits
+from bitfault.torch.ops import float32, generic, numba
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def check_float_dtype(dtype: torch.dtype, argument: str) -> None:
+    """Raise TypeError unless ``dtype`` is one the adapter can store and fault."""
+    if dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{argument} has dtype {dtype}; fault injection needs a floating tensor: "
+                        f"one of float16, bfloat16, float32, float64")
+
+
+# ---- fault positions on a device ----------------------------------------------------------
+
+@dataclass(frozen=True)
+class DeviceFaults:
+    """Fault positions of one or more tensors laid end to end, on one device.
+
+    ``index``: flat element indices (int64) into the concatenation; ``masks``: the
+    faulty bits of each (int64, restricted to the bits the fault model may touch;
+    entries left without any are dropped); ``offsets``/``sizes``: where each
+    tensor starts and how many elements it has; ``spans[i]``: the slice of
+    ``index``/``masks`` that belongs to tensor ``i``.
+    """
+
+    index: torch.Tensor
+    masks: torch.Tensor
+    masks32: torch.Tensor  # the same bits in int32 (bit 31 as the sign)
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+    spans: tuple[tuple[int, int], ...]
+
+    @classmethod
+    def build(cls, maps: Sequence[FaultMap], eligible_mask: int,
+              device: torch.device | str) -> DeviceFaults:
+        """The faults of ``maps`` (one per tensor, in order) on ``device``, restricted to
+        the bits of ``eligible_mask``."""
+        idx_parts, mask_parts, offsets, sizes, spans = [], [], [], [], []
+        offset = start = 0
+        for fmap in maps:
+            masks = fmap.masks & np.uint32(eligible_mask)
+            keep = masks != 0
+            idx_parts.append(fmap.indices[keep] + offset)
+            mask_parts.append(masks[keep].astype(np.int64))
+            offsets.append(offset)
+            sizes.append(fmap.size)
+            spans.append((start, start + int(keep.sum())))
+            start = spans[-1][1]
+            offset += fmap.size
+        index = np.concatenate(idx_parts) if idx_parts else np.zeros(0, np.int64)
+        masks = np.concatenate(mask_parts) if mask_parts else np.zeros(0, np.int64)
+        return cls(torch.from_numpy(index.astype(np.int64, copy=False)).to(device),
+                   torch.from_numpy(masks).to(device),
+                   torch.from_numpy(masks.astype(np.uint32).view(np.int32)).to(device),
+                   tuple(offsets), tuple(sizes), tuple(spans))
+
+    def masks_as(self, dtype: torch.dtype) -> torch.Tensor:
+        """The masks in a narrower signed container (same low bits), cached."""
+        if dtype == torch.int32:
+            return self.masks32
+        cache = self.__dict__.setdefault("_narrow", {})
+        if dtype not in cache:
+            cache[dtype] = self.masks32.to(dtype)  # wraps: keeps the low bits
+        return cache[dtype]
+
+    def host_parts(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per tensor: (flat indices relative to it, int64 masks) as NumPy arrays, cached
+        (the fused CPU kernels' form; the tensors must be on the CPU)."""
+        parts = self.__dict__.get("_host_parts")
+        if parts is None:
+            index, masks = self.index.numpy(), self.masks.numpy()
+            parts = self.__dict__["_host_parts"] = [
+                (np.ascontiguousarray(index[a:b] - o), np.ascontiguousarray(masks[a:b]))
+                for (a, b), o in zip(self.spans, self.offsets, strict=True)]
+        return parts
+
+    def part(self, i: int) -> DeviceFaults:
+        """The faults of tensor ``i`` alone (indices relative to it)."""
+        if len(self.sizes) == 1:
+            return self
+        a, b = self.spans[i]
+        index = self.index[a:b]
+        return DeviceFaults(index - self.offsets[i] if self.offsets[i] else index,
+                            self.masks[a:b], self.masks32[a:b], (0,), (self.sizes[i],),
+                            ((0, b - a),))
+
+
+# ---- the compiled CPU kernels (Numba) ---------------------------------------------------
+
+@functools.cache
+def numba_available() -> bool:
+    """Numba imports and ``BITFAULT_NUMBA`` is not ``0``."""
+    if os.environ.get("BITFAULT_NUMBA", "1").strip() == "0":
+        return False
+    try:
+        import numba as _numba  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _compiled_format(fmt: object, ndim: int) -> bool:
+    """FixedPoint with overflow "saturate", and IntQuant per tensor or per channel along
+    axis 0 (a weight's output channels); ValueError for an axis the tensor lacks."""
+    if isinstance(fmt, FixedPoint):
+        return fmt.overflow == "saturate"
+    if not isinstance(fmt, IntQuant):
+        return False
+    if fmt.axis is None:
+        return True
+    fmt._reduce_axes(ndim)
+    return fmt.axis % ndim == 0
+
+
+def compiled_for(x: torch.Tensor, fmt: object) -> bool:
+    """Whether the compiled CPU kernels (``ops.numba``) compute ``x`` in ``fmt``: float32 on
+    the CPU, Numba available, a format they support."""
+    return x.dtype == torch.float32 and x.device.type == "cpu" and numba_available() and \
+        _compiled_format(fmt, x.ndim)
+
+
+def compiled_pass(fmt: FixedPoint | IntQuant, fault: FaultModel,
+                  fmap: FaultMap) -> Callable[[np.ndarray, np.ndarray], bool]:
+    """The compiled kernel of one map, for a tensor ``compiled_for`` accepts: ``call(x, out)``
+    writes the faulty values of the flat float32 ``x`` into the flat float32 ``out``;
+    False when an IntQuant ``x`` holds NaN or inf (``out`` is then all NaN)."""
+    return numba.bind_map(fmt, fault, fmap)
+
+
+class _FusedPass:
+    """The compiled CPU pass over one group of tensors, bound once per map (``ops.numba``):
+    each tensor's kernel, and the memory of the last output, written again once nothing
+    else holds it."""
+
+    def __init__(self, fmt: FixedPoint | IntQuant, fault: FaultModel, faults: DeviceFaults,
+                 shapes: Sequence[tuple[int, ...]]) -> None:
+        self.calls = [numba.bind(fmt, fault, index, masks, shape)
+                      for (index, masks), shape in zip(faults.host_parts(), shapes, strict=True)]
+        self.spans = [(o, o + n, shape) for o, n, shape in
+                      zip(faults.offsets, faults.sizes, shapes, strict=True)]
+        self.total = sum(faults.sizes)
+        # the kept output: a flat float32 array and its slices. The tensors handed out are
+        # views of ``torch.from_numpy(buffer)``, whose storage holds a reference to the
+        # array for as long as any view, alias or saved copy of it lives; ``free``: the
+        # array's reference count when only this object holds it
+        self.buffer: np.ndarray | None = None
+        self.dsts: list[np.ndarray] = []
+        self.free = 0
+
+    def _views(self, out: torch.Tensor) -> list[torch.Tensor]:
+        return [out[a:b].view(shape) for a, b, shape in self.spans]
+
+    def _output(self, reuse: bool) -> tuple[list[np.ndarray], list[torch.Tensor]]:
+        """Where to write: the kept output when nothing else holds it any more (no graph
+        saved it, no caller kept it): warm memory, not fresh pages to fault in."""
+        if not reuse:
+            out = torch.empty(self.total, dtype=torch.float32)
+            flat = out.numpy()
+            return [flat[a:b] for a, b, _ in self.spans], self._views(out)
+        if self.buffer is None or sys.getrefcount(self.buffer) != self.free:
+            buffer = torch.empty(self.total, dtype=torch.float32).numpy()
+            self.buffer, self.dsts = buffer, [buffer[a:b] for a, b, _ in self.spans]
+            del buffer
+            self.free = sys.getrefcount(self.buffer)
+        return self.dsts, self._views(torch.from_numpy(self.buffer))
+
+    def __call__(self, xs: Sequence[torch.Tensor], reuse: bool) -> list[torch.Tensor]:
+        dsts, views = self._output(reuse)
+        for x, call, dst in zip(xs, self.calls, dsts, strict=True):
+            call(x.reshape(-1).numpy(), dst)
+        return views
+
+
+def _fused_group(xs: Sequence[torch.Tensor], fmt: FixedPoint | IntQuant, fault: FaultModel,
+                 faults: DeviceFaults, reuse_output: bool) -> list[torch.Tensor]:
+    """FixedPoint "saturate" or IntQuant (per tensor / per channel on axis 0) on float32 CPU
+    tensors: one compiled pass per tensor into one flat output, its plan kept with
+    ``faults``."""
+    kept = faults.__dict__.get("_fused")  # (fmt, fault, plan): the same objects call after call
+    if kept is None or kept[0] is not fmt or kept[1] is not fault:
+        if kept is None or kept[0] != fmt or kept[1] != fault:
+            kept = (fmt, fault, _FusedPass(fmt, fault, faults, [x.shape for x in xs]))
+        faults.__dict__["_fused"] = kept = (fmt, fault, kept[2])
+    return kept[2](xs, reuse_output)
+
+
+# ---- entry points -------------------------------------------------------------------------
+
+def _fast_elementwise(fmt: Format) -> bool:
+    return (isinstance(fmt, FixedPoint) and fmt.overflow == "saturate") or (
+        isinstance(fmt, Float) and fmt.dtype == "float32")
+
+
+def faulty_group(xs: Sequence[torch.Tensor], fmt: Format, fault: FaultModel, faults: DeviceFaults,
+                 strict: bool = False, buffers: dict | None = None,
+                 reuse_output: bool = False) -> list[torch.Tensor]:
+    """Faulty copies of tensors ``xs`` (one dtype, one device) under ``faults``.
+
+    Elementwise formats on float32 run as one flat pass over all the tensors;
+    bfloat16 goes through float32 and is rounded back by PyTorch's cast.
+    ``buffers``: a dict the caller keeps between calls, where host scratch is reused.
+    ``reuse_output``: the fused CPU kernels may write into the output of the previous call
+    with the same ``faults`` once nothing else holds it; the tensors returned are then that
+    output's own views, to be handed on only as fresh aliases (``detach()``, ``view_as``).
+    """
+    if not xs:
+        return []
+    dtype = xs[0].dtype
+    if dtype == torch.bfloat16:
+        outs = faulty_group([x.to(torch.float32) for x in xs], fmt, fault, faults, strict,
+                            buffers)
+        return [o.to(torch.bfloat16) for o in outs]
+    if (not strict or not isinstance(fmt, IntQuant)) and all(compiled_for(x, fmt) for x in xs):
+        return _fused_group(xs, fmt, fault, faults, reuse_output)
+    if dtype == torch.float32 and _fast_elementwise(fmt):
+        if isinstance(fmt, FixedPoint):
+            out = float32.faulty_fixed_point_f32(xs, fmt, fault, faults)
+        else:
+            flat = torch.cat([x.reshape(-1) for x in xs]) if len(xs) > 1 else xs[0].reshape(-1)
+            out = float32.faulty_float32_f32(flat, fault, faults)
+        spans = zip(xs, faults.offsets, faults.sizes, strict=True)
+        return [out[o:o + n].view(x.shape) for x, o, n in spans]
+    if dtype == torch.float32 and isinstance(fmt, IntQuant) and not strict:
+        return float32.faulty_int_quant_f32(xs, fmt, fault, faults, buffers)
+    outs = []
+    for i, x in enumerate(xs):
+        part = faults.part(i)
+        outs.append(generic.faulty_generic(x, fmt, fault, part.index, part.masks, strict=strict))
+    return outs
+
+
+def inject(x: torch.Tensor, fmt: Format, fault: FaultModel, fmap: FaultMap) -> torch.Tensor:
+    """The faulty values of ``x``: encode in ``fmt``, apply ``fault`` at ``fmap``, decode.
+
+    Bit for bit ``bitfault.inject(x.numpy(), fmt, fault, fmap)`` for float16,
+    float32 and float64 tensors; bfloat16 is computed on the exact float32 copy
+    and rounded back by PyTorch's cast. Returns a new tensor (no autograd graph)
+    of x's shape, dtype and device; an IntQuant tensor with NaN or inf raises
+    ValueError, as the core does.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    check_float_dtype(x.dtype, "x")
+    if not is_format(fmt):
+        raise TypeError(f"fmt must be a bitfault format (FixedPoint, IntQuant, Float), got {fmt!r}")
+    check_fault_model(fault)
+    check_map_fits(fmap, tuple(x.shape), fmt)
+    if compiled_for(x, fmt):  # the compiled pass, straight from the map
+        out = torch.empty(tuple(x.shape), dtype=torch.float32)
+        if compiled_pass(fmt, fault, fmap)(x.detach().reshape(-1).numpy(),
+                                           out.view(-1).numpy()):
+            return out
+        # an IntQuant tensor with NaN or inf: the PyTorch path raises the core's error
+    faults = DeviceFaults.build([fmap], fault.eligible_mask(fmt), x.device)
+    with torch.no_grad():
+        return faulty_group([x.detach()], fmt, fault, faults, strict=True)[0]
