@@ -23,8 +23,8 @@ except ModuleNotFoundError as exc:  # pragma: no cover - exercised only without 
     raise ModuleNotFoundError(
         "bitfault.torch needs PyTorch: pip install 'bitfault[torch]' (or torch itself)") from exc
 
-from bitfault.torch._inject import DEFAULT_MODULES, FaultHandle, batch_map, inject_
 from bitfault.torch.evaluate import TorchEvaluator
+from bitfault.torch.inject import DEFAULT_MODULES, FaultHandle, batch_map, inject_
 from bitfault.torch.recipes import (
     BoundedReLU,
     ClipHandle,

@@ -34,7 +34,7 @@ from bitfault.recipes import (
     check_fit_settings,
     check_training_loss,
 )
-from bitfault.torch._inject import _LIVE, DEFAULT_MODULES, _through, inject_
+from bitfault.torch.inject import _LIVE, DEFAULT_MODULES, _through, inject_
 from bitfault.torch.recipes import bound_relus_, calibrate_relu_thresholds, clip_weights_
 from bitfault.torch.seam import DeviceFaults, faulty_group
 
