@@ -35,7 +35,7 @@ from bitfault.data import load_idx_dir, split_embedded_mnist
 from bitfault.models.torch import seed_mlp, small_cnn
 from bitfault.recipes import Recipe
 from bitfault.torch import TorchEvaluator
-from bitfault.torch.training import fit
+from bitfault.torch.train import fit
 
 RATES = (0.001, 0.01, 0.05, 0.10, 0.15, 0.20)
 FORMAT = bf.IntQuant(8)  # per-tensor symmetric codes, rounding to nearest

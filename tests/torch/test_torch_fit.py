@@ -12,7 +12,7 @@ pytest.importorskip("mlxtend")
 nn = torch.nn
 
 import bitfault as bf  # noqa: E402
-import bitfault.torch.training as training  # noqa: E402
+import bitfault.torch.train as training  # noqa: E402
 from bitfault.data import split_embedded_mnist  # noqa: E402
 from bitfault.models.torch import SeedMLP, SmallCNN  # noqa: E402
 from bitfault.recipes import EpochRecord, RandBET, Recipe  # noqa: E402

@@ -33,7 +33,7 @@ from bitfault.torch.recipes import (
     clip_weights_,
 )
 from bitfault.torch.seam import inject
-from bitfault.torch.training import (
+from bitfault.torch.train import (
     evaluate,
     fit,
     quantised_weights,

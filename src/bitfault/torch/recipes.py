@@ -3,7 +3,7 @@
 ``clip_weights_`` projects weights to ``[-w_max, w_max]`` after every optimizer
 step; ``bound_relus_`` swaps ``nn.ReLU`` modules for :class:`BoundedReLU` ones, at
 thresholds given or found by ``calibrate_relu_thresholds``. ``fit`` in
-``bitfault.torch.training`` combines them as a :class:`bitfault.recipes.Recipe` says.
+``bitfault.torch.train`` combines them as a :class:`bitfault.recipes.Recipe` says.
 """
 
 from __future__ import annotations
