@@ -35,7 +35,7 @@ from bitfault.recipes import EpochRecord, Recipe
 
 def _fit(framework: str) -> Any:
     if framework == "torch":
-        from bitfault.torch.training import fit
+        from bitfault.torch.train import fit
     else:
         from bitfault.keras.training import fit
     return fit
