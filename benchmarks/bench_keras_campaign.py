@@ -30,8 +30,8 @@ import tensorflow as tf
 
 import bitfault as bf
 from bitfault.campaign import layer_sweep, rate_sweep, run
-from bitfault.campaign.keras_eval import KerasEvaluator
 from bitfault.data import split_embedded_mnist
+from bitfault.keras import KerasEvaluator
 from bitfault.models.keras import seed_mlp, small_cnn
 
 TMP = Path(tempfile.mkdtemp(prefix="bench_keras_campaign_"))

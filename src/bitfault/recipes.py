@@ -16,7 +16,7 @@ Accelerators", MLSys 2021):
 * ``activation_clip``: ReLUs bounded at a threshold, a float or ``"calibrate"`` (the
   ``activation_quantile`` of each ReLU's output on training data).
 
-The adapters (``bitfault.torch.train``, ``bitfault.keras.training``) carry a recipe
+The adapters (``bitfault.torch.train``, ``bitfault.keras.train``) carry a recipe
 out; this module only describes and validates it, and round-trips it through dicts
 so a config file, PyTorch and Keras all read the same thing.
 """

@@ -106,7 +106,7 @@ def test_framework_evaluators_on_ray_match_local(cluster: None, tmp_path: Path) 
     torch.manual_seed(0)
     evaluators["torch"] = lambda: TorchEvaluator(seed_mlp(hidden=16), x, y)
     try:
-        from bitfault.campaign.keras_eval import KerasEvaluator
+        from bitfault.keras import KerasEvaluator
         from bitfault.models.keras import seed_mlp as keras_mlp
     except ImportError:  # pragma: no cover - TensorFlow is installed with the test extra
         pass

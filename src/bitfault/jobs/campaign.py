@@ -88,7 +88,7 @@ def make_evaluator(model: Any, framework: str, x: Any, y: Any, c: CampaignConfig
             return TorchEvaluator(model, x, y, biases=c.targets == "weights+biases",
                                   batch_size=1000)
         return TorchEvaluator(model, x, y, targets=list(c.targets), batch_size=1000)
-    from bitfault.campaign.keras_eval import KerasEvaluator
+    from bitfault.keras import KerasEvaluator
 
     return KerasEvaluator(model, x, y, targets=None if isinstance(c.targets, str)
                           else list(c.targets))

@@ -37,7 +37,7 @@ def _fit(framework: str) -> Any:
     if framework == "torch":
         from bitfault.torch.train import fit
     else:
-        from bitfault.keras.training import fit
+        from bitfault.keras.train import fit
     return fit
 
 

@@ -15,6 +15,7 @@ if _keras.backend.backend() != "tensorflow":
         f"bitfault.torch).")
 
 from bitfault.keras.callbacks import ResampleFaults
+from bitfault.keras.evaluate import KerasEvaluator
 from bitfault.keras.inject import fault_maps, faulty_layers, inject, resample
 from bitfault.keras.layers import (
     FaultyConv1D,
@@ -37,7 +38,7 @@ from bitfault.keras.recipes import (
     relu_sites,
     stored_weights,
 )
-from bitfault.keras.training import evaluate, fit, randbet_step
+from bitfault.keras.train import evaluate, fit, randbet_step
 
 __all__ = [
     "BoundedReLU",
@@ -49,6 +50,7 @@ __all__ = [
     "FaultyEinsumDense",
     "FaultyEmbedding",
     "FaultyLayer",
+    "KerasEvaluator",
     "ResampleFaults",
     "bound_relus",
     "bound_relus_",

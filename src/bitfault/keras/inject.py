@@ -11,7 +11,7 @@ import keras
 
 from bitfault.keras.layers import FaultyLayer, as_spec
 from bitfault.keras.layouts import SUPPORTED_NAMES, draw_maps, is_supported, plan_slots
-from bitfault.keras.transforms import check_supported
+from bitfault.keras.seam import check_supported
 from bitfault.maps import FaultMap
 from bitfault.spec import FaultSpec
 

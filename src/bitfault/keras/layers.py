@@ -14,9 +14,7 @@ PyTorch layout.
 
 from __future__ import annotations
 
-import functools
 import numbers
-import os
 import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -25,8 +23,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from bitfault.faults import FaultModel
-from bitfault.formats import Format, IntQuant, gradient_bounds
+from bitfault.formats import gradient_bounds
 from bitfault.keras.layouts import (
     SUPPORTED_NAMES,
     Slot,
@@ -35,18 +32,9 @@ from bitfault.keras.layouts import (
     is_supported,
     plan_slots,
 )
-from bitfault.keras.transforms import (
-    check_supported,
-    fault_function,
-    fused_fault_function,
-    straight_through,
-)
+from bitfault.keras.seam import channel_axis, check_supported, fused, straight_through
 from bitfault.maps import FaultMap
 from bitfault.spec import FaultSpec
-
-#: Set ``BITFAULT_KERAS_XLA=0`` to run the transform as plain TensorFlow ops (slower).
-USE_XLA = os.environ.get("BITFAULT_KERAS_XLA", "1") != "0"
-
 
 as_spec = FaultSpec.coerce
 
@@ -59,37 +47,41 @@ def _check_step(step: Any) -> int | None:
     return int(step)
 
 
-@functools.lru_cache(maxsize=256)
-def _fused(fmt: Format, fault: FaultModel, axes: tuple[int | None, ...], jit: bool) -> Any:
-    return fused_fault_function([fault_function(fmt, fault, a) for a in axes], jit=jit)
-
-
-def _channel_axis(slot: Slot, fmt: Format) -> int | None:
-    if isinstance(fmt, IntQuant) and fmt.axis is not None and slot.variable is not None:
-        return slot.keras_axis(fmt.axis)
-    return None
-
-
 @contextmanager
 def _substituted(pairs: Iterable[tuple[Any, Any]]) -> Iterator[keras.StatelessScope]:
     """Inside: reading each variable gives its paired value (nothing is assigned)."""
-    from keras.src.backend.common.stateless_scope import get_stateless_scope
-
-    outer = get_stateless_scope()
     scope = keras.StatelessScope(list(pairs), collect_losses=True, initialize_variables=False)
-    if outer is not None:  # keep what an enclosing scope substitutes
-        scope.state_mapping = {**outer.state_mapping, **scope.state_mapping}
     with scope:
+        outer = scope.original_scope  # the scope it was entered in (set by __enter__)
+        if outer is not None:  # keep what an enclosing scope substitutes
+            scope.state_mapping = {**outer.state_mapping, **scope.state_mapping}
         yield scope
+
+
+class _StoredValues(keras.layers.Layer):
+    """Calls ``read()`` with no autocast scope: a float32 layer that does not autocast
+    clears an enclosing scope in its ``__call__``, so mixed-precision policies leave the
+    float32 values read unchanged. Not tracked by any model (one for the module)."""
+
+    def __init__(self) -> None:
+        super().__init__(dtype="float32", autocast=False, trainable=False,
+                         name="bitfault_stored_values")
+
+    def call(self, anchor: Any, read: Any = None) -> Any:
+        return read()
+
+
+_stored_values: _StoredValues | None = None
 
 
 def _read(params: list[tuple[Slot, Any]]) -> tuple[list[tf.Tensor], list[tf.Tensor]]:
     """The clean float32 values (never autocast, e.g. to float16) and the masks."""
-    from keras.src.backend.common.variables import AutocastScope
-
-    with AutocastScope(None):
-        values = [tf.convert_to_tensor(s.variable.value) for s, _ in params]
-    return values, [tf.convert_to_tensor(m.value) for _, m in params]
+    global _stored_values
+    if _stored_values is None:
+        _stored_values = _StoredValues()
+    values = _stored_values(tf.zeros(()), read=lambda: [
+        tf.convert_to_tensor(s.variable.value) for s, _ in params])
+    return list(values), [tf.convert_to_tensor(m.value) for _, m in params]
 
 
 @keras.saving.register_keras_serializable(package="bitfault")
@@ -157,8 +149,8 @@ class FaultyLayer(keras.layers.Wrapper):
     # ---- forward --------------------------------------------------------------------------
 
     def _fused_for(self, slots: list[Slot]) -> Any:
-        axes = tuple(_channel_axis(s, self.spec.format) for s in slots)
-        return _fused(self.spec.format, self.spec.fault, axes, USE_XLA)
+        axes = tuple(channel_axis(s, self.spec.format) for s in slots)
+        return fused(self.spec.format, self.spec.fault, axes)
 
     def call(self, inputs: Any, *args: Any, training: Any = None, **kwargs: Any) -> Any:
         if training and self.spec.persistence == "transient" and not self._resampled:

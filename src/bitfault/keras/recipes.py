@@ -24,11 +24,10 @@ import numpy as np
 import tensorflow as tf
 
 from bitfault.errors import check_positive
-from bitfault.faults import BitFlip, _FaultBase
+from bitfault.faults import BitFlip, FaultModel
 from bitfault.formats import Format, gradient_bounds
-from bitfault.keras.layers import USE_XLA, _channel_axis, _fused
 from bitfault.keras.layouts import SUPPORTED_LAYERS, Slot, dense_mask, plan_slots
-from bitfault.keras.transforms import check_supported, straight_through
+from bitfault.keras.seam import channel_axis, check_supported, fused, straight_through
 from bitfault.maps import FaultMap
 from bitfault.recipes import thresholds_from_activations
 from bitfault.spec import FaultSpec
@@ -92,7 +91,7 @@ def _owner(model: keras.Model) -> dict[int, tuple[keras.layers.Layer, str]]:
 class _Stored:
     """The stored tensors of a model in one format: slots, fused transform, masks."""
 
-    def __init__(self, model: keras.Model, fmt: Format, fault: _FaultBase) -> None:
+    def __init__(self, model: keras.Model, fmt: Format, fault: FaultModel) -> None:
         check_supported(fmt, fault)
         self.spec = FaultSpec(format=fmt, fault=fault, count=0)
         self.slots: list[Slot] = [
@@ -101,13 +100,13 @@ class _Stored:
         if not self.slots:
             raise ValueError("a recipe format needs a model with a built Dense, EinsumDense, "
                              "Conv1D/2D/3D or Embedding layer; this model has none")
-        axes = tuple(_channel_axis(s, fmt) for s in self.slots)
-        self.fused = _fused(fmt, fault, axes, USE_XLA)
+        axes = tuple(channel_axis(s, fmt) for s in self.slots)
+        self.fused = fused(fmt, fault, axes)
         self.zeros = [tf.zeros(s.keras_shape, fmt.container) for s in self.slots]
 
     def masks(self, maps: Mapping[str, FaultMap] | None) -> list[tf.Tensor]:
         """Dense masks (Keras layout) of ``maps`` by tensor name (PyTorch layout)."""
-        from bitfault.inject import check_map_fits
+        from bitfault.memory import check_map_fits
 
         maps = dict(maps or {})
         unknown = sorted(set(maps) - {s.name for s in self.slots})
@@ -133,7 +132,7 @@ class _Stored:
 
 def quantised_weights(model: keras.Model, format: Format,
                       maps: Mapping[str, FaultMap] | None = None,
-                      fault: _FaultBase | None = None) -> dict[str, tf.Tensor]:
+                      fault: FaultModel | None = None) -> dict[str, tf.Tensor]:
     """The weights a recipe's forward pass uses: each of ``stored_weights(model)`` encoded
     in ``format``, faulted by ``fault`` (bit flips) at ``maps[name]`` (PyTorch layout;
     none by default), decoded; Keras layout. Bit for bit ``bitfault.inject``; under a

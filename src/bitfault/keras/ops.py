@@ -1,44 +1,26 @@
 """encode -> fault -> decode with TensorFlow ops, bit for bit what ``bitfault.inject`` computes.
 
-Every function here takes a float32 tensor and a same-shape (or broadcastable)
-integer mask in the format's container dtype (int8/int16/int32, as
-``FaultMap.to_dense(fmt.container)`` gives it) and returns the faulty float32
-tensor. Values are clamped, rounded and NaN-mapped *before* any float->int
-cast (TensorFlow's cast of NaN or out-of-range values is undefined). Masks are
-already restricted to the fault model's eligible bits; a mask sign-extended to
-a wider word only sets bits that decoding never reads.
-
-``fused_fault_function`` compiles the transform of several tensors into one
-XLA kernel (``tf.function(jit_compile=True)``), which TensorFlow runs as a
-single fused pass over each tensor even inside a graph that is not itself
-XLA-compiled.
+The arithmetic only: one function per format family builds ``(x, mask) -> faulty
+x`` for a float32 tensor and a same-shape (or broadcastable) integer mask in the
+format's container dtype (int8/int16/int32, as ``FaultMap.to_dense(fmt.container)``
+gives it). Which of them runs, fused and compiled or not, is chosen in
+``bitfault.keras.seam``. Values are clamped, rounded and NaN-mapped *before* any
+float->int cast (TensorFlow's cast of NaN or out-of-range values is undefined).
+Masks are already restricted to the fault model's eligible bits; a mask
+sign-extended to a wider word only sets bits that decoding never reads.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 import tensorflow as tf
 
-from bitfault.faults import BitFlip, FaultModel, StuckAt
-from bitfault.formats import FixedPoint, Float, Format, IntQuant
+from bitfault.faults import BitFlip, FaultModel
+from bitfault.formats import FixedPoint, Float, IntQuant
 
 FaultFn = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
-
-
-def check_supported(fmt: Format, fault: FaultModel) -> None:
-    """Raise a clear error for a format or fault model this adapter cannot run in a graph."""
-    if not isinstance(fmt, (FixedPoint, IntQuant, Float)):
-        raise TypeError(f"spec.format must be FixedPoint, IntQuant or Float, got {fmt!r}")
-    if isinstance(fmt, FixedPoint) and fmt.overflow == "error":
-        raise ValueError(
-            "spec.format FixedPoint(overflow='error') is not supported by bitfault.keras: a "
-            "compiled Keras graph cannot raise on a weight value; use overflow='saturate' or "
-            "'wrap' (or check the weights with bitfault.inject in NumPy)")
-    if not isinstance(fault, (BitFlip, StuckAt)):
-        raise TypeError(f"spec.fault must be BitFlip() or StuckAt(0|1), got {fault!r}")
 
 
 def _apply_fault(words: tf.Tensor, mask: tf.Tensor, fault: FaultModel) -> tf.Tensor:
@@ -102,6 +84,7 @@ def _encode_fixed_wrap(x: tf.Tensor, fmt: FixedPoint) -> tf.Tensor:
 
 
 def fixed_point_fault(fmt: FixedPoint, fault: FaultModel) -> FaultFn:
+    """FixedPoint: int32 two's-complement codes (saturating or wrapping), faulted, decoded."""
     encode = _encode_fixed_wrap if fmt.overflow == "wrap" else _encode_fixed_saturate
 
     def run(x: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
@@ -184,6 +167,8 @@ def _bfloat16_words(x: tf.Tensor) -> tf.Tensor:
 
 
 def float_fault(fmt: Float, fault: FaultModel) -> FaultFn:
+    """Float: the IEEE bit pattern (float32, float16 or bfloat16 words), faulted, widened."""
+
     def run(x: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
         if fmt.dtype == "float32":
             return tf.bitcast(_apply_fault(tf.bitcast(x, tf.int32), mask, fault), tf.float32)
@@ -196,54 +181,4 @@ def float_fault(fmt: Float, fault: FaultModel) -> FaultFn:
     return run
 
 
-def fault_function(fmt: Format, fault: FaultModel, axis: int | None = None) -> FaultFn:
-    """``(x, mask) -> faulty x`` for one tensor; ``axis``: IntQuant's channel axis in x."""
-    check_supported(fmt, fault)
-    if isinstance(fmt, FixedPoint):
-        return fixed_point_fault(fmt, fault)
-    if isinstance(fmt, IntQuant):
-        return int_quant_fault(fmt, fault, axis)
-    return float_fault(fmt, fault)  # type: ignore[arg-type]
-
-
-def fused_fault_function(fns: Sequence[FaultFn], jit: bool = True) -> Any:
-    """One function faulting several tensors: ``(values, masks) -> faulty values``.
-
-    With ``jit`` it is an XLA-compiled ``tf.function``: one fused pass per tensor.
-    """
-
-    def run(values: list[tf.Tensor], masks: list[tf.Tensor]) -> list[tf.Tensor]:
-        return [fn(v, m) for fn, v, m in zip(fns, values, masks, strict=True)]
-
-    if not jit:
-        return run
-    return tf.function(run, jit_compile=True, autograph=False, reduce_retracing=True)
-
-
-def straight_through(fused: Any, values: list[tf.Tensor], masks: list[tf.Tensor],
-                     gradient: str, bounds: tuple[float, float] | None = None
-                     ) -> list[tf.Tensor]:
-    """The faulty values; "ste": gradient passes to ``values`` unchanged (exactly zero
-    where a value lies outside ``bounds``, see ``gradient_bounds``); "blocked": none."""
-    if gradient == "blocked":
-        return [tf.stop_gradient(v) for v in fused(values, masks)]
-    n = len(values)
-
-    @tf.custom_gradient
-    def identity_grad(*args: tf.Tensor) -> Any:
-        out = fused(list(args[:n]), list(args[n:]))
-
-        def grad(*dys: tf.Tensor) -> list[Any]:
-            if bounds is not None:
-                lo, hi = bounds
-                dys = tuple(tf.where((v >= lo) & (v <= hi), dy, tf.zeros_like(dy))
-                            for v, dy in zip(args[:n], dys, strict=True))
-            return [*dys, *([None] * n)]
-
-        return out, grad
-
-    out = identity_grad(*values, *masks)
-    return list(out) if isinstance(out, (list, tuple)) else [out]
-
-
-__all__ = ["check_supported", "fault_function", "fused_fault_function", "straight_through"]
+__all__ = ["FaultFn", "fixed_point_fault", "float_fault", "int_quant_fault"]

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 import bitfault as bf
-from bitfault.keras.transforms import fault_function
+from bitfault.keras.seam import fault_function
 
 SEED_FORMAT = bf.FixedPoint(32, 28, rounding="trunc")
 EDGES = np.array([0.0, -0.0, np.nan, np.inf, -np.inf, 1e30, -1e30, 3.4e38, 7.9999995, -8.0, 8.0,

@@ -1,6 +1,6 @@
 """``fit``: train a Keras model for bit-error robustness as a :class:`Recipe` says.
 
-The Keras twin of ``bitfault.torch.training`` (Stutz et al., MLSys 2021): a custom
+The Keras twin of ``bitfault.torch.train`` (Stutz et al., MLSys 2021): a custom
 loop (``tf.GradientTape`` around ``model.stateless_call``) in which the stored tensors
 (``stored_weights``: kernels of Dense/Conv/Embedding layers, named as ``inject`` names
 them) are replaced by their format-quantised values, straight through to the float
@@ -37,7 +37,7 @@ from bitfault.keras.recipes import (
     relu_sites,
     stored_weights,
 )
-from bitfault.keras.transforms import check_supported
+from bitfault.keras.seam import check_supported
 from bitfault.recipes import (
     CALIBRATION_SAMPLES,
     OPTIMIZERS,

@@ -1,4 +1,4 @@
-"""The Keras evaluator for campaigns: one forward pass per fault map.
+"""KerasEvaluator: the ``Evaluator`` of campaigns for a Keras model, one forward pass per map.
 
 Tensors are named and mapped in PyTorch layout, as everywhere in bitfault
 (``"fc1.weight"`` is a Dense kernel transposed), so a campaign's chips are the same
@@ -6,7 +6,7 @@ in Keras and PyTorch. Each trial's faulty kernels are computed by the NumPy core
 run through a private clone of the model; the caller's model is never touched. What
 does not change between trials is computed once: each kernel stored in the format
 (its words, its calibration, its fault-free values in Keras layout), so a map costs
-its faulty elements alone (``bitfault.StoredArray``: the same bits as
+its faulty elements alone (``seam.faulty_elements``: the same bits as
 ``bitfault.inject``), patched into a Keras-layout copy whose previous map's elements
 are put back; and the forward pass, traced once with ``tf.function``, takes the
 kernels as arguments (substituted for the variables, nothing assigned). On other
@@ -21,9 +21,17 @@ from typing import Any
 import keras
 import numpy as np
 
-from bitfault.campaign.evaluator import check_max_bytes, digest_arrays, predicted_labels
+from bitfault.campaign.evaluator import (
+    BoundedCache,
+    GoldenRuns,
+    check_max_bytes,
+    digest_arrays,
+    predicted_labels,
+    spec_key,
+)
 from bitfault.keras.inject import walk_layers
 from bitfault.keras.layouts import Slot, is_supported, plan_slots
+from bitfault.keras.seam import faulty_elements, stored
 from bitfault.maps import FaultMap
 from bitfault.memory import StoredArray
 from bitfault.spec import FaultSpec
@@ -78,8 +86,8 @@ class KerasEvaluator:
         self._forward: Any = None
         self._batches: list[Any] | None = None
         self._tails: dict[str, Any] = {}  # name -> traced run from its layer on (None: none)
-        self._inputs: dict[tuple[tuple[str, str], str], list[Any] | None] = {}  # their inputs
-        self._golden: dict[tuple[str, str], np.ndarray] = {}
+        self._inputs = _input_cache(self.max_bytes)  # fault-free activations at their inputs
+        self._golden = GoldenRuns()
 
     def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
         return {n: tuple(a.shape) for n, a in self._clean.items()}
@@ -97,7 +105,7 @@ class KerasEvaluator:
             for name, slot in self._slots.items():
                 memory, fmap = memories[name], maps.get(name)
                 idx, values = (None, None) if fmap is None else \
-                    memory.stored.faulty_elements(spec.fault, fmap)
+                    faulty_elements(memory.stored, spec.fault, fmap)
                 if idx is not None and idx.size:
                     kernels.append(memory.patched(slot.keras_indices(idx), values))
                     faulty.append(name)
@@ -114,19 +122,13 @@ class KerasEvaluator:
                       faulty: list[str]) -> np.ndarray:
         """The golden run once; faults in one layer from that layer on; else the whole model."""
         if not faulty:
-            if key not in self._golden:
-                self._golden[key] = self._predict_labels(kernels)
-            return self._golden[key].copy()
+            return self._golden.get(key, lambda: self._predict_labels(kernels))
         if len(faulty) == 1 and (tail := self._tail(faulty[0])) is not None:
             name, values = faulty[0], self._values(kernels)
-            if (key, name) not in self._inputs:  # fault-free activations at its input
-                inputs = [tail[0](b, values) for b in self._batches]
-                cached = sum(h.shape.num_elements() * h.dtype.size for h in inputs)
-                cached += sum(h.shape.num_elements() * h.dtype.size
-                              for hs in self._inputs.values() if hs for h in hs)
-                self._inputs[(key, name)] = inputs if cached <= self.max_bytes else None
-            if self._inputs[(key, name)] is not None:
-                return _labels([tail[1](h, values) for h in self._inputs[(key, name)]])
+            inputs = self._inputs.get((key, name), lambda: [tail[0](b, values)
+                                                            for b in self._batches])
+            if inputs is not None:
+                return _labels([tail[1](h, values) for h in inputs])
         return self._predict_labels(kernels)
 
     def _tail(self, name: str) -> tuple[Any, Any] | None:
@@ -170,7 +172,8 @@ class KerasEvaluator:
         again in the copy, and the traced forward pass is rebuilt there."""
         state = dict(self.__dict__)
         state.update(_slots=list(self._slots), _forward=None, _batches=None, _holds={},
-                     _memories={}, _tails={}, _inputs={}, _golden={})
+                     _memories={}, _tails={}, _inputs=_input_cache(self.max_bytes),
+                     _golden=GoldenRuns())
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -181,9 +184,9 @@ class KerasEvaluator:
 
     def _memories_for(self, spec: FaultSpec) -> tuple[tuple[str, str], dict[str, _Memory]]:
         """Every target stored in the format (computed once per format and fault model)."""
-        key = (repr(spec.format), repr(spec.fault))
+        key = spec_key(spec)
         if key not in self._memories:
-            self._memories[key] = {n: _Memory(StoredArray.of(c, spec.format), self._slots[n])
+            self._memories[key] = {n: _Memory(stored(c, spec.format), self._slots[n])
                                    for n, c in self._clean.items()}
         return key, self._memories[key]
 
@@ -225,6 +228,15 @@ class KerasEvaluator:
 
     def data_digest(self) -> str:
         return digest_arrays({"x": self.x, "y": self.labels})
+
+
+def _input_cache(max_bytes: int) -> BoundedCache[list[Any]]:
+    """The fault-free activations at a layer's input, per batch, within ``max_bytes``."""
+    return BoundedCache(max_bytes, _nbytes)
+
+
+def _nbytes(tensors: list[Any]) -> int:
+    return sum(h.shape.num_elements() * h.dtype.size for h in tensors)
 
 
 def _labels(logits: list[Any]) -> np.ndarray:

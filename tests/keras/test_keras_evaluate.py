@@ -13,8 +13,8 @@ from bitfault.campaign import bit_sweep, layer_sweep, rate_sweep, run, trial_map
 
 keras = pytest.importorskip("keras")
 bk = pytest.importorskip("bitfault.keras")
-from bitfault.campaign.keras_eval import KerasEvaluator  # noqa: E402
 from bitfault.data import split_embedded_mnist  # noqa: E402
+from bitfault.keras import KerasEvaluator  # noqa: E402
 from bitfault.models.keras import seed_mlp  # noqa: E402
 
 
@@ -109,14 +109,14 @@ def test_layer_shortcut_and_golden_cache_equal_whole_model_runs(trained, model_k
         maps = [trial_maps(t, spec, shapes) for t in trials]
         for a, b in zip(fast.predict(maps, spec), slow.predict(maps, spec), strict=True):
             assert np.array_equal(a, b)
-    assert len(fast._golden) == 2 and any(fast._inputs.values())  # the shortcuts ran
+    assert len(fast._golden._runs) == 2 and any(fast._inputs._values.values())  # the shortcuts ran
     assert fast._tails[list(shapes)[-1]] is not None  # the first layer has nothing before it
     small = KerasEvaluator(model, x, y, batch_size=64, max_bytes=0)
     spec = bf.FaultSpec(format=bf.FixedPoint(32, 28), ber=1e-2)
     maps = [trial_maps(t, spec, shapes) for t in layer_sweep([1e-2], 1, list(shapes))]
     assert all(np.array_equal(a, b) for a, b in zip(small.predict(maps, spec),
                                                      slow.predict(maps, spec), strict=True))
-    assert not any(small._inputs.values())  # over max_bytes: nothing cached
+    assert not any(small._inputs._values.values())  # over max_bytes: nothing cached
 
 
 def test_layers_inside_a_nested_model_run_the_whole_model(trained) -> None:

@@ -1,0 +1,128 @@
+"""The seam of bitfault.keras: (tensor, format, fault model, map) -> faulty values.
+
+The only module of the adapter that chooses a kernel. Dense masks in a TensorFlow
+graph (``FaultyLayer``, ``inject``, the recipes and ``fit``): ``fault_function``
+picks the format's TensorFlow arithmetic (``bitfault.keras.ops``), ``fused`` runs
+the tensors of a layer as one XLA-compiled pass (plain TensorFlow ops with
+``BITFAULT_KERAS_XLA=0``), ``straight_through`` wires the gradient. Sparse maps on
+a tensor stored once (``KerasEvaluator``): ``stored`` and ``faulty_elements``, the
+NumPy core, so a map costs its faulty elements alone. Every path is bit for bit
+``bitfault.inject``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from bitfault.faults import BitFlip, FaultModel, StuckAt
+from bitfault.formats import FixedPoint, Float, Format, IntQuant
+from bitfault.keras.layouts import Slot
+from bitfault.keras.ops import FaultFn, fixed_point_fault, float_fault, int_quant_fault
+from bitfault.maps import FaultMap
+from bitfault.memory import StoredArray
+
+#: Set ``BITFAULT_KERAS_XLA=0`` to run the transform as plain TensorFlow ops (slower).
+USE_XLA = os.environ.get("BITFAULT_KERAS_XLA", "1") != "0"
+
+
+def check_supported(fmt: Format, fault: FaultModel) -> None:
+    """Raise a clear error for a format or fault model this adapter cannot run in a graph."""
+    if not isinstance(fmt, (FixedPoint, IntQuant, Float)):
+        raise TypeError(f"spec.format must be FixedPoint, IntQuant or Float, got {fmt!r}")
+    if isinstance(fmt, FixedPoint) and fmt.overflow == "error":
+        raise ValueError(
+            "spec.format FixedPoint(overflow='error') is not supported by bitfault.keras: a "
+            "compiled Keras graph cannot raise on a weight value; use overflow='saturate' or "
+            "'wrap' (or check the weights with bitfault.inject in NumPy)")
+    if not isinstance(fault, (BitFlip, StuckAt)):
+        raise TypeError(f"spec.fault must be BitFlip() or StuckAt(0|1), got {fault!r}")
+
+
+def fault_function(fmt: Format, fault: FaultModel, axis: int | None = None) -> FaultFn:
+    """``(x, mask) -> faulty x`` for one tensor; ``axis``: IntQuant's channel axis in x."""
+    check_supported(fmt, fault)
+    if isinstance(fmt, FixedPoint):
+        return fixed_point_fault(fmt, fault)
+    if isinstance(fmt, IntQuant):
+        return int_quant_fault(fmt, fault, axis)
+    return float_fault(fmt, fault)  # type: ignore[arg-type]
+
+
+def fused_fault_function(fns: Sequence[FaultFn], jit: bool = True) -> Any:
+    """One function faulting several tensors: ``(values, masks) -> faulty values``.
+
+    With ``jit`` it is an XLA-compiled ``tf.function``: one fused pass per tensor.
+    """
+
+    def run(values: list[tf.Tensor], masks: list[tf.Tensor]) -> list[tf.Tensor]:
+        return [fn(v, m) for fn, v, m in zip(fns, values, masks, strict=True)]
+
+    if not jit:
+        return run
+    return tf.function(run, jit_compile=True, autograph=False, reduce_retracing=True)
+
+
+@functools.lru_cache(maxsize=256)
+def _fused(fmt: Format, fault: FaultModel, axes: tuple[int | None, ...], jit: bool) -> Any:
+    return fused_fault_function([fault_function(fmt, fault, a) for a in axes], jit=jit)
+
+
+def fused(fmt: Format, fault: FaultModel, axes: tuple[int | None, ...]) -> Any:
+    """The fused transform of tensors in ``fmt`` with channel ``axes`` (see ``channel_axis``),
+    XLA-compiled unless ``BITFAULT_KERAS_XLA=0``; made once per (format, fault, axes)."""
+    return _fused(fmt, fault, axes, USE_XLA)
+
+
+def channel_axis(slot: Slot, fmt: Format) -> int | None:
+    """The Keras axis of ``slot`` that IntQuant(per_channel=...) calibrates along, or None."""
+    if isinstance(fmt, IntQuant) and fmt.axis is not None and slot.variable is not None:
+        return slot.keras_axis(fmt.axis)
+    return None
+
+
+def straight_through(fused: Any, values: list[tf.Tensor], masks: list[tf.Tensor],
+                     gradient: str, bounds: tuple[float, float] | None = None
+                     ) -> list[tf.Tensor]:
+    """The faulty values; "ste": gradient passes to ``values`` unchanged (exactly zero
+    where a value lies outside ``bounds``, see ``gradient_bounds``); "blocked": none."""
+    if gradient == "blocked":
+        return [tf.stop_gradient(v) for v in fused(values, masks)]
+    n = len(values)
+
+    @tf.custom_gradient
+    def identity_grad(*args: tf.Tensor) -> Any:
+        out = fused(list(args[:n]), list(args[n:]))
+
+        def grad(*dys: tf.Tensor) -> list[Any]:
+            if bounds is not None:
+                lo, hi = bounds
+                dys = tuple(tf.where((v >= lo) & (v <= hi), dy, tf.zeros_like(dy))
+                            for v, dy in zip(args[:n], dys, strict=True))
+            return [*dys, *([None] * n)]
+
+        return out, grad
+
+    out = identity_grad(*values, *masks)
+    return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def stored(x: np.ndarray, fmt: Format) -> StoredArray:
+    """``x`` (PyTorch layout) stored once in ``fmt``, for ``faulty_elements``."""
+    return StoredArray.of(x, fmt)
+
+
+def faulty_elements(memory: StoredArray, fault: FaultModel,
+                    fmap: FaultMap) -> tuple[np.ndarray, np.ndarray]:
+    """Flat PyTorch-layout indices of the elements ``fmap`` faults and their faulty values
+    (the NumPy core: the cost of the faults alone, the bits of ``bitfault.inject``)."""
+    return memory.faulty_elements(fault, fmap)
+
+
+__all__ = ["USE_XLA", "channel_axis", "check_supported", "fault_function", "faulty_elements",
+           "fused", "fused_fault_function", "stored", "straight_through"]
