@@ -11,7 +11,6 @@ ratios to the clean step.
 
 from __future__ import annotations
 
-import importlib
 import statistics
 import time
 from collections.abc import Callable
@@ -19,9 +18,8 @@ from collections.abc import Callable
 import torch
 
 import bitfault as bf
+from bitfault.torch import handle as adapter
 from bitfault.torch import inject_
-
-adapter = importlib.import_module("bitfault.torch.inject")  # the module, not the function
 
 
 def mlp() -> torch.nn.Module:

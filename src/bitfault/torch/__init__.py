@@ -24,7 +24,8 @@ except ModuleNotFoundError as exc:  # pragma: no cover - exercised only without 
         "bitfault.torch needs PyTorch: pip install 'bitfault[torch]' (or torch itself)") from exc
 
 from bitfault.torch.evaluate import TorchEvaluator
-from bitfault.torch.inject import DEFAULT_MODULES, FaultHandle, batch_map, inject_
+from bitfault.torch.handle import FaultHandle, batch_map
+from bitfault.torch.inject import DEFAULT_MODULES, inject_
 from bitfault.torch.recipes import (
     BoundedReLU,
     ClipHandle,

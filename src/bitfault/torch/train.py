@@ -34,7 +34,9 @@ from bitfault.recipes import (
     check_fit_settings,
     check_training_loss,
 )
-from bitfault.torch.inject import _LIVE, DEFAULT_MODULES, _through, inject_
+from bitfault.torch.gradient import straight_through
+from bitfault.torch.handle import injected
+from bitfault.torch.inject import DEFAULT_MODULES, inject_
 from bitfault.torch.recipes import bound_relus_, calibrate_relu_thresholds, clip_weights_
 from bitfault.torch.seam import DeviceFaults, faulty_group
 
@@ -72,8 +74,8 @@ def quantised_weights(model: nn.Module, format: Format, maps: Mapping[str, Fault
         clean = [params[n] for n in names]
         with torch.no_grad():
             faulty = faulty_group([c.detach() for c in clean], format, fault, faults)
-        out.update(zip(names, _through(clean, faulty, False, bounds=gradient_bounds(format)),
-                       strict=True))
+        out.update(zip(names, straight_through(clean, faulty, False,
+                                               bounds=gradient_bounds(format)), strict=True))
     return out
 
 
@@ -136,7 +138,7 @@ def randbet_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Te
     if recipe.fault_aware is not None:
         raise ValueError("recipe: randbet_step runs format/randbet recipes; fault_aware recipes "
                          "train through inject_ (use fit)")
-    if recipe.format is not None and any(m in _LIVE for m in model.modules()):
+    if recipe.format is not None and injected(model):
         raise ValueError("model has faults injected (a live inject_ handle); remove() it first: "
                          "its hooks would replace the recipe's weights")
     clean, perturbed, _ = _step(model, optimizer, x, y, recipe, step, perturb)
@@ -175,7 +177,7 @@ def _check_model(model: Any, fmt: Format | None) -> None:
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if fmt is None:
         return
-    if any(m in _LIVE for m in model.modules()):
+    if injected(model):
         raise ValueError("model has faults injected (a live inject_ handle); remove() it first")
     if not stored_weights(model):
         raise ValueError("model has no Linear, Conv or Embedding weight to store in the format")
@@ -239,7 +241,7 @@ def fit(model: nn.Module, x: Any, y: Any, recipe: Recipe, *, epochs: int, batch_
     if not isinstance(recipe, Recipe):
         raise TypeError(f"recipe must be a bitfault.recipes.Recipe, got {type(recipe).__name__}")
     _check_model(model, recipe.stored_format)
-    if any(m in _LIVE for m in model.modules()):
+    if injected(model):
         raise ValueError("model has faults injected (a live inject_ handle); remove() it first")
     epochs, batch_size, lr, weight_decay, seed = check_fit_settings(
         epochs, batch_size, lr, optimizer, weight_decay, seed, progress)
