@@ -12,7 +12,7 @@ from bitfault.keras import (
     BoundedReLU,
     bound_relus,
     calibrate_relu_thresholds,
-    clip_weights,
+    clip_weights_,
     evaluate,
     inject,
     quantised_weights,
@@ -48,7 +48,7 @@ def test_clip_weights_projects_now_and_after_every_keras_step(mlp, data) -> None
     x, y = data
     mlp.get_layer("fc1").kernel.assign(np.full((8, 16), 0.5, np.float32))
     mlp.get_layer("fc1").bias.assign(np.full(16, 0.5, np.float32))
-    assert clip_weights(mlp, 0.05) == ["fc1.weight", "fc2.weight"]
+    assert clip_weights_(mlp, 0.05) == ["fc1.weight", "fc2.weight"]
     assert all(np.abs(w.numpy()).max() <= 0.05 for w in stored_weights(mlp).values())
     assert mlp.get_layer("fc1").bias.numpy().max() == 0.5  # biases are not stored tensors
     seen = []
@@ -63,14 +63,14 @@ def test_clip_weights_projects_now_and_after_every_keras_step(mlp, data) -> None
     # the constraint is in the layer config: clones and injected models keep it
     fmodel = inject(mlp, bf.FaultSpec(format=bf.IntQuant(8), ber=0.01))
     assert fmodel.get_layer("fc1").layer.kernel.constraint.w_max == 0.05
-    clip_weights(mlp, None)
+    clip_weights_(mlp, None)
     assert mlp.get_layer("fc1").kernel.constraint is None
 
 
 def test_clipping_holds_after_every_randbet_step(mlp, data) -> None:
     x, y = data
     recipe = Recipe.randbet_clipped(w_max=0.08, p_train=0.05, seed=1)
-    clip_weights(mlp, recipe.weight_clip)
+    clip_weights_(mlp, recipe.weight_clip)
     opt = keras.optimizers.SGD(2.0, momentum=0.9)
     for t in range(4):
         randbet_step(mlp, opt, x, y, recipe, t)
@@ -81,7 +81,7 @@ def test_clipping_holds_after_every_randbet_step(mlp, data) -> None:
 def test_clip_weights_bad_w_max(mlp, w_max) -> None:
     before = kernels(mlp)
     with pytest.raises((TypeError, ValueError), match="w_max"):
-        clip_weights(mlp, w_max)
+        clip_weights_(mlp, w_max)
     assert all(np.array_equal(before[k], v) for k, v in kernels(mlp).items())
     assert mlp.get_layer("fc1").kernel.constraint is None
 

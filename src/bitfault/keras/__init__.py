@@ -1,5 +1,5 @@
 """bitfault for Keras 3 on the TensorFlow backend: faulty layers, ``inject``, resampling,
-and training by a ``bitfault.recipes.Recipe`` (``fit``, ``clip_weights``, ``bound_relus``).
+and training by a ``bitfault.recipes.Recipe`` (``fit``, ``clip_weights_``, ``bound_relus``).
 
 ``import bitfault`` never imports Keras; importing this package does, and
 raises ImportError unless Keras runs on TensorFlow.
@@ -32,7 +32,7 @@ from bitfault.keras.recipes import (
     bound_relus,
     bound_relus_,
     calibrate_relu_thresholds,
-    clip_weights,
+    clip_weights_,
     quantised_weights,
     relu_bounds,
     relu_sites,
@@ -55,7 +55,7 @@ __all__ = [
     "bound_relus",
     "bound_relus_",
     "calibrate_relu_thresholds",
-    "clip_weights",
+    "clip_weights_",
     "evaluate",
     "fault_maps",
     "faulty_layers",

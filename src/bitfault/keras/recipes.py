@@ -2,7 +2,7 @@
 
 The *stored tensors* (``stored_weights``) are the kernels (embeddings) of every Dense,
 EinsumDense, Conv1D/2D/3D and Embedding layer, named as ``inject`` names them
-(``"fc1.weight"``). Weight clipping is framework-native: ``clip_weights`` gives each a
+(``"fc1.weight"``). Weight clipping is framework-native: ``clip_weights_`` gives each a
 :class:`ClipWeights` constraint, which the Keras optimizer applies after every update
 (``BaseOptimizer.apply``), and projects the weights once right away. The constraint
 is part of the layer's config, so it survives ``clone_model``, ``inject`` and saving.
@@ -78,7 +78,7 @@ def stored_weights(model: keras.Model) -> dict[str, Any]:
 
 
 def _owner(model: keras.Model) -> dict[int, tuple[keras.layers.Layer, str]]:
-    """id(stored variable) -> (layer, constraint attribute) for clip_weights."""
+    """id(stored variable) -> (layer, constraint attribute) for clip_weights_."""
     owners = {}
     for layer, _ in _leaves(model):
         if isinstance(layer, SUPPORTED_LAYERS) and layer.built:
@@ -158,7 +158,7 @@ class ClipWeights(keras.constraints.Constraint):
         return {"w_max": self.w_max}
 
 
-def clip_weights(model: keras.Model, w_max: float | None) -> list[str]:
+def clip_weights_(model: keras.Model, w_max: float | None) -> list[str]:
     """Keep every stored tensor of ``model`` (see ``stored_weights``) in ``[-w_max, w_max]``.
 
     In place: sets a :class:`ClipWeights` constraint, which the Keras optimizer applies
@@ -170,7 +170,7 @@ def clip_weights(model: keras.Model, w_max: float | None) -> list[str]:
     constraint = None if w_max is None else ClipWeights(w_max)
     found = stored_weights(model)
     if not found:
-        raise ValueError("clip_weights found no built Dense, EinsumDense, Conv1D/2D/3D or "
+        raise ValueError("clip_weights_ found no built Dense, EinsumDense, Conv1D/2D/3D or "
                          "Embedding layer in the model (build it first)")
     owners = _owner(model)
     for variable in found.values():
@@ -331,5 +331,5 @@ def calibrate_relu_thresholds(model: keras.Model, x: Any, quantile: float = 0.99
 
 
 __all__ = ["BoundedReLU", "ClipWeights", "bound_relus", "bound_relus_",
-           "calibrate_relu_thresholds", "clip_weights", "quantised_weights", "relu_bounds",
+           "calibrate_relu_thresholds", "clip_weights_", "quantised_weights", "relu_bounds",
            "relu_sites", "stored_weights"]

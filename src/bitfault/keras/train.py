@@ -33,7 +33,7 @@ from bitfault.keras.recipes import (
     _Stored,
     bound_relus_,
     calibrate_relu_thresholds,
-    clip_weights,
+    clip_weights_,
     relu_sites,
     stored_weights,
 )
@@ -287,11 +287,11 @@ def fit(model: keras.Model, x: Any, y: Any, recipe: Recipe, *, epochs: int,
     # ---- from here on the model changes ----
     if isinstance(recipe.activation_clip, float):
         bound_relus_(model, recipe.activation_clip)
-    owners = _owner(model)  # the constraints clip_weights replaces, restored at the end
+    owners = _owner(model)  # the constraints clip_weights_ replaces, restored at the end
     saved = [(v, v.constraint, *owners[id(v)], getattr(owners[id(v)][0], owners[id(v)][1], None))
              for v in stored_weights(model).values()]
     if recipe.weight_clip is not None:
-        clip_weights(model, recipe.weight_clip)
+        clip_weights_(model, recipe.weight_clip)
     trained = model if recipe.fault_aware is None else inject(model, recipe.fault_aware)
     trainer = _Trainer(trained, recipe, _optimizer(optimizer, lr), weight_decay)
     rng = np.random.default_rng(seed)
