@@ -129,7 +129,7 @@ def numba_available() -> bool:
     return True
 
 
-def _compiled_format(fmt: object, ndim: int) -> bool:
+def _compiled_format(fmt: Format, ndim: int) -> bool:
     """FixedPoint with overflow "saturate", and IntQuant per tensor or per channel along
     axis 0 (a weight's output channels); ValueError for an axis the tensor lacks."""
     if isinstance(fmt, FixedPoint):
@@ -142,7 +142,7 @@ def _compiled_format(fmt: object, ndim: int) -> bool:
     return fmt.axis % ndim == 0
 
 
-def compiled_for(x: torch.Tensor, fmt: object) -> bool:
+def compiled_for(x: torch.Tensor, fmt: Format) -> bool:
     """Whether the compiled CPU kernels (``ops.numba``) compute ``x`` in ``fmt``: float32 on
     the CPU, Numba available, a format they support."""
     return x.dtype == torch.float32 and x.device.type == "cpu" and numba_available() and \
