@@ -83,6 +83,13 @@ def test_requirement_is_the_message_without_the_value():
                             requirement="randbet needs a format")
     assert str(related) == related.requirement == "randbet needs a format"
     assert ArgumentTypeError("x", "a", "a number").requirement == "x must be a number"
+    shown = ArgumentTypeError("x", np.dtype("int32"), "a float array", tail=", got dtype int32")
+    assert str(shown) == "x must be a float array, got dtype int32"
+    assert shown.requirement == "x must be a float array"
+    missing = ArgumentError("kind", {}, "one of ('a',)", requirement="a dict needs a 'kind' key",
+                            tail="; got {}")
+    assert (str(missing), missing.requirement) == ("a dict needs a 'kind' key; got {}",
+                                                   "a dict needs a 'kind' key")
 
 
 def test_library_errors_are_argument_errors():

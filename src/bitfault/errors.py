@@ -18,10 +18,12 @@ class _Argument(Exception):
     """What ArgumentError and ArgumentTypeError share: the parts and the message."""
 
     def __init__(self, argument: str, value: Any, allowed: str, *,
-                 requirement: str | None = None) -> None:
+                 requirement: str | None = None, tail: str | None = None) -> None:
         self.argument, self.value, self.allowed = argument, value, allowed
         self.requirement = requirement or f"{argument} must be {allowed}"
-        super().__init__(requirement or f"{self.requirement}, got {value!r}")
+        if tail is None:
+            tail = "" if requirement else f", got {value!r}"
+        super().__init__(self.requirement + tail)
 
 
 class ArgumentError(_Argument, ValueError):
@@ -31,7 +33,8 @@ class ArgumentError(_Argument, ValueError):
     ``allowed`` what may be given, as the words after "must be" (``"in [0, 1]"``).
     ``requirement`` is the message without the value ("ber must be in [0, 1]"); a rule
     that relates arguments states its own (``requirement="randbet needs a format"``),
-    and then that sentence is the whole message.
+    and then that sentence is the whole message. ``tail`` replaces how the message ends
+    after the requirement (``"; got none"``, ``", got dtype int32"``).
     """
 
 
