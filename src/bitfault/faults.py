@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from bitfault.errors import ArgumentTypeError
+from bitfault.errors import ArgumentError, ArgumentTypeError
 from bitfault.formats import Format
 
 BitSelection = int | str | Sequence[int | str] | None
@@ -31,20 +31,24 @@ def resolve_bits(bits: BitSelection, fmt: Format, argument: str = "bits") -> tup
     for item in items:
         if isinstance(item, str):
             if item not in fields:
-                raise ValueError(
-                    f"{argument}: unknown bit field {item!r} for {type(fmt).__name__}; "
-                    f"allowed: {sorted(fields)} or positions 0..{width - 1}")
+                allowed = f"{sorted(fields)} or positions 0..{width - 1}"
+                raise ArgumentError(argument, item, allowed,
+                                    requirement=f"{argument}: unknown bit field {item!r} for "
+                                                f"{type(fmt).__name__}; allowed: {allowed}")
             positions.update(fields[item])
         elif isinstance(item, (int, np.integer)) and not isinstance(item, bool):
             if not 0 <= int(item) < width:
-                raise ValueError(
-                    f"{argument}: bit position {item} is outside 0..{width - 1} "
-                    f"for a {width}-bit word")
+                raise ArgumentError(argument, item, f"positions 0..{width - 1}",
+                                    requirement=f"{argument}: bit position {item} is outside "
+                                                f"0..{width - 1} for a {width}-bit word")
             positions.add(int(item))
         else:
-            raise TypeError(f"{argument}: entries must be ints or field names, got {item!r}")
+            raise ArgumentTypeError(argument, item, "ints or field names",
+                                    requirement=f"{argument}: entries must be ints or field "
+                                                "names", tail=f", got {item!r}")
     if not positions:
-        raise ValueError(f"{argument}: selects no bit position")
+        raise ArgumentError(argument, bits, "at least one bit position",
+                            requirement=f"{argument}: selects no bit position")
     return tuple(sorted(positions))
 
 
@@ -64,8 +68,8 @@ def _normalise_bits(bits: Any) -> Any:
     try:
         items = tuple(bits)
     except TypeError:
-        raise TypeError(f"bits must be None, a bit position, a field name or a sequence of "
-                        f"them, got {bits!r}") from None
+        raise ArgumentTypeError("bits", bits, "None, a bit position, a field name or a "
+                                "sequence of them") from None
     return tuple(int(b) if isinstance(b, np.integer) and not isinstance(b, bool) else b
                  for b in items)
 
@@ -119,7 +123,7 @@ class StuckAt(_FaultBase):
 
     def __init__(self, value: int, bits: BitSelection = None) -> None:
         if isinstance(value, bool) or value not in (0, 1):
-            raise ValueError(f"value must be 0 or 1, got {value!r}")
+            raise ArgumentError("value", value, "0 or 1")
         object.__setattr__(self, "value", int(value))
         object.__setattr__(self, "bits", _normalise_bits(bits))
 
@@ -150,24 +154,27 @@ def as_fault_model(value: Any, argument: str = "fault") -> FaultModel:
 
 
 def fault_from_dict(data: dict[str, Any]) -> FaultModel:
-    """Rebuild a fault model from ``to_dict()`` output."""
+    """Rebuild a fault model from ``to_dict()`` output; errors are ArgumentErrors."""
+    kinds = "'bit_flip' or 'stuck_at'"
     if not isinstance(data, dict) or "kind" not in data:
-        raise ValueError(
-            f"a fault dict needs a 'kind' key ('bit_flip' or 'stuck_at'); got {data!r}")
+        raise ArgumentError("kind", data, kinds, requirement=f"a fault dict needs a 'kind' key "
+                            f"({kinds})", tail=f"; got {data!r}")
     kind = data["kind"]
     rest = {k: v for k, v in data.items() if k != "kind"}
     allowed = {"bit_flip": {"bits"}, "stuck_at": {"bits", "value"}}
-    if kind not in allowed:
-        raise ValueError(f"fault kind must be 'bit_flip' or 'stuck_at', got {kind!r}")
+    if kind not in tuple(allowed):  # a tuple: an unhashable kind is just not one of them
+        raise ArgumentError("fault kind", kind, kinds)
     unknown = sorted(set(rest) - allowed[kind])
     if unknown:
-        raise ValueError(f"unknown key(s) {unknown} for fault {kind!r}; allowed: "
-                         f"{sorted(allowed[kind])}")
+        raise ArgumentError("data", unknown, f"keys of {sorted(allowed[kind])}",
+                            requirement=f"unknown key(s) {unknown} for fault {kind!r}; "
+                                        f"allowed: {sorted(allowed[kind])}")
     bits = rest.get("bits")
     if kind == "bit_flip":
         return BitFlip(bits=bits)
     if "value" not in rest:
-        raise ValueError("a 'stuck_at' fault needs 'value' (0 or 1)")
+        raise ArgumentError("value", None, "0 or 1",
+                            requirement="a 'stuck_at' fault needs 'value' (0 or 1)")
     return StuckAt(rest["value"], bits=bits)
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from bitfault.errors import ArgumentTypeError
+from bitfault.errors import ArgumentError, ArgumentTypeError
 from bitfault.faults import FaultModel, as_fault_model, check_fault_model
 from bitfault.formats import Format, QuantParams, check_float_input, format_from_dict, is_format
 from bitfault.maps import FaultMap
@@ -56,12 +56,14 @@ class Memory:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Memory:
         if not isinstance(data, Mapping):
-            raise TypeError(f"a memory must be a mapping, got {type(data).__name__}")
+            raise ArgumentTypeError("data", data, "a mapping", requirement="a memory must be a "
+                                    "mapping", tail=f", got {type(data).__name__}")
         unknown = sorted(set(data) - set(_KEYS))
         missing = [k for k in _KEYS if k not in data]
         if unknown or missing:
-            raise ValueError(f"a memory dict has exactly the keys {list(_KEYS)}; unknown: "
-                             f"{unknown}, missing: {missing}")
+            raise ArgumentError("data", data, f"a mapping with exactly the keys {list(_KEYS)}",
+                                requirement=f"a memory dict has exactly the keys {list(_KEYS)}; "
+                                            f"unknown: {unknown}, missing: {missing}")
         return cls(data["format"], data["fault"])
 
     def to_json(self) -> str:
@@ -75,15 +77,20 @@ class Memory:
 
 def check_map_fits(fmap: FaultMap, shape: tuple[int, ...], fmt: Format,
                    argument: str = "fmap") -> None:
-    """Raise ValueError unless ``fmap`` is for a tensor of ``shape`` stored in ``fmt``."""
+    """Raise ArgumentError unless ``fmap`` is for a tensor of ``shape`` stored in ``fmt``."""
     if not isinstance(fmap, FaultMap):
-        raise TypeError(f"{argument} must be a bitfault.FaultMap, got {type(fmap).__name__}")
+        raise ArgumentTypeError(argument, fmap, "a bitfault.FaultMap",
+                                tail=f", got {type(fmap).__name__}")
     if tuple(fmap.shape) != tuple(shape):
-        raise ValueError(f"{argument} {fmap.name!r} is for shape {tuple(fmap.shape)}, the tensor "
-                         f"has shape {tuple(shape)}")
+        raise ArgumentError(argument, fmap, f"a map for shape {tuple(shape)}",
+                            requirement=f"{argument} {fmap.name!r} is for shape "
+                                        f"{tuple(fmap.shape)}, the tensor has shape "
+                                        f"{tuple(shape)}")
     if fmap.masks.size and int(np.bitwise_or.reduce(fmap.masks)) >> fmt.bits:
-        raise ValueError(f"{argument} {fmap.name!r} has faults above bit {fmt.bits - 1}, the top "
-                         f"bit of a {fmt.bits}-bit word of {type(fmt).__name__}")
+        raise ArgumentError(argument, fmap, f"a map of bits 0..{fmt.bits - 1}",
+                            requirement=f"{argument} {fmap.name!r} has faults above bit "
+                                        f"{fmt.bits - 1}, the top bit of a {fmt.bits}-bit word "
+                                        f"of {type(fmt).__name__}")
 
 
 def eligible_faults(fmap: FaultMap, shape: tuple[int, ...], fmt: Format, fault: FaultModel,
@@ -122,8 +129,7 @@ class StoredArray:
     def of(cls, x: Any, fmt: Format) -> StoredArray:
         arr = check_float_input(x)
         if not is_format(fmt):
-            raise TypeError(f"fmt must be a bitfault format (FixedPoint, IntQuant, Float), "
-                            f"got {fmt!r}")
+            raise ArgumentTypeError("fmt", fmt, "a bitfault format (FixedPoint, IntQuant, Float)")
         params: QuantParams | None = fmt.calibrate(arr)  # type: ignore[attr-defined]
         words = fmt.encode(arr, params).reshape(-1)
         values = fmt.decode(words.reshape(arr.shape), params, dtype=arr.dtype).reshape(-1)

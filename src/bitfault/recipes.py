@@ -173,8 +173,9 @@ class Recipe:
         if self.fault_aware is not None and not isinstance(self.fault_aware, FaultSpec):
             raise ArgumentTypeError("fault_aware", self.fault_aware, "a FaultSpec or None")
         if self.fault_aware is not None and self.randbet is not None:
-            raise ValueError("give at most one of randbet= and fault_aware=: both replace the "
-                             "forward pass's weights")
+            raise ArgumentError("fault_aware", self.fault_aware, "None when randbet is given",
+                                requirement="give at most one of randbet= and fault_aware=: "
+                                            "both replace the forward pass's weights")
         if self.fault_aware is not None and self.format is not None \
                 and self.fault_aware.format != self.format:
             raise ArgumentError("fault_aware.format", self.fault_aware.format,

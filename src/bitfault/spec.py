@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from bitfault.errors import ArgumentError, check_choice, check_rate, check_seed
+from bitfault.errors import ArgumentError, ArgumentTypeError, check_choice, check_rate, check_seed
 from bitfault.faults import BitFlip, FaultModel
 from bitfault.formats import FixedPoint, Format
 from bitfault.maps import FaultMap
@@ -47,16 +47,37 @@ Rate = float | Sequence[float] | Mapping[Any, float]
 
 
 def _map_from_json(name: str, value: Any) -> FaultMap:
+    """The FaultMap ``maps[name]`` gives; a file or dict it cannot be read from is an
+    ArgumentError (ArgumentTypeError) of ``maps[name]`` with the reader's message."""
+    argument, allowed = f"maps[{name!r}]", "a FaultMap, an .npz path or a dict with shape, " \
+                                           "indices and masks"
     if isinstance(value, FaultMap):
         return value
-    if isinstance(value, (str, os.PathLike)):
-        return FaultMap.load(value, name=None)
-    if isinstance(value, Mapping) and {"shape", "indices", "masks"} <= set(value):
-        return FaultMap(tuple(value["shape"]), np.asarray(value["indices"], np.int64),
-                        np.asarray(value["masks"], np.uint32), str(value.get("name", name)),
-                        dict(value.get("meta", {})))
-    raise ValueError(f"maps[{name!r}] must be a FaultMap, an .npz path or a dict with shape, "
-                     f"indices and masks; got {type(value).__name__}")
+    try:
+        if isinstance(value, (str, os.PathLike)):
+            return FaultMap.load(value, name=None)
+        if isinstance(value, Mapping) and {"shape", "indices", "masks"} <= set(value):
+            return FaultMap(tuple(value["shape"]), np.asarray(value["indices"], np.int64),
+                            np.asarray(value["masks"], np.uint32), str(value.get("name", name)),
+                            dict(value.get("meta", {})))
+    except TypeError as exc:
+        raise ArgumentTypeError(argument, value, allowed, requirement=str(exc)) from exc
+    except ValueError as exc:
+        raise ArgumentError(argument, value, allowed, requirement=str(exc)) from exc
+    raise ArgumentError(argument, value, allowed, tail=f"; got {type(value).__name__}")
+
+
+def _rates(ber: Any) -> tuple[float, ...]:
+    """One rate per bit position as floats (checked against the format later)."""
+    rates = []
+    for i, v in enumerate(ber):
+        try:
+            rates.append(float(v))
+        except TypeError as exc:
+            raise ArgumentTypeError(f"ber[{i}]", v, "a number", requirement=str(exc)) from None
+        except ValueError as exc:
+            raise ArgumentError(f"ber[{i}]", v, "a number", requirement=str(exc)) from None
+    return tuple(rates)
 
 
 @dataclass(frozen=True)
@@ -73,13 +94,15 @@ class Source:
     def __post_init__(self) -> None:
         sources = [s for s in _SOURCES if getattr(self, s) is not None]
         if len(sources) != 1:
-            raise ValueError(f"give exactly one of ber=, count= or maps=; got {sources or 'none'}")
+            raise ArgumentError("source", sources, "exactly one of ber=, count= or maps=",
+                                requirement="give exactly one of ber=, count= or maps=",
+                                tail=f"; got {sources or 'none'}")
         if self.ber is not None:
             b = self.ber
             if isinstance(b, Mapping):
                 object.__setattr__(self, "ber", dict(b))
             elif isinstance(b, (Sequence, np.ndarray)) and not isinstance(b, str):
-                object.__setattr__(self, "ber", tuple(float(v) for v in b))
+                object.__setattr__(self, "ber", _rates(b))
             else:
                 object.__setattr__(self, "ber", check_rate(b, "ber"))
         if self.count is not None and (isinstance(self.count, bool) or not isinstance(
@@ -88,7 +111,9 @@ class Source:
                                 "tensor)")
         if self.maps is not None:
             if not isinstance(self.maps, Mapping) or not self.maps:
-                raise ValueError("maps must be a non-empty mapping from tensor name to FaultMap")
+                allowed = "a non-empty mapping from tensor name to FaultMap"
+                raise ArgumentError("maps", self.maps, allowed,
+                                    requirement=f"maps must be {allowed}")
             object.__setattr__(self, "maps", {str(k): _map_from_json(str(k), v)
                                               for k, v in self.maps.items()})
         object.__setattr__(self, "seed", check_seed(self.seed))
@@ -110,8 +135,10 @@ class Source:
             if fmap is None:
                 return FaultMap.empty(shape, name)
             if tuple(fmap.shape) != tuple(shape):
-                raise ValueError(f"maps[{name!r}] is for shape {tuple(fmap.shape)}, the tensor "
-                                 f"has shape {tuple(shape)}")
+                raise ArgumentError(f"maps[{name!r}]", fmap, f"a map for shape {tuple(shape)}",
+                                    requirement=f"maps[{name!r}] is for shape "
+                                                f"{tuple(fmap.shape)}, the tensor has shape "
+                                                f"{tuple(shape)}")
             return fmap
         return FaultMap.random(shape, memory.format, ber=self.ber, count=self.count,
                                seed=self.seed, name=name, bits=memory.fault.bits, step=step,
@@ -159,8 +186,10 @@ class FaultSpec:
         check_choice(self.resample, RESAMPLES, "resample")
         check_choice(self.gradient, GRADIENTS, "gradient")
         if self.persistence == "transient" and self.maps is not None:
-            raise ValueError("persistence='transient' needs ber= or count= (fresh maps are drawn "
-                             "each step); explicit maps= are permanent")
+            raise ArgumentError("persistence", self.persistence, "'permanent' with maps=",
+                                requirement="persistence='transient' needs ber= or count= "
+                                            "(fresh maps are drawn each step); explicit maps= "
+                                            "are permanent")
         self.__dict__["_memory"], self.__dict__["_source"] = memory, source
 
     @property
@@ -210,16 +239,19 @@ class FaultSpec:
             return spec
         if isinstance(spec, Mapping):
             return cls.from_dict(spec)
-        raise TypeError(f"spec must be a bitfault.FaultSpec (or its to_dict() form), got "
-                        f"{type(spec).__name__}")
+        raise ArgumentTypeError("spec", spec, "a bitfault.FaultSpec (or its to_dict() form)",
+                                tail=f", got {type(spec).__name__}")
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> FaultSpec:
         if not isinstance(data, Mapping):
-            raise TypeError(f"a spec must be a mapping, got {type(data).__name__}")
+            raise ArgumentTypeError("data", data, "a mapping", requirement="a spec must be a "
+                                    "mapping", tail=f", got {type(data).__name__}")
         unknown = sorted(set(data) - set(SPEC_KEYS))
         if unknown:
-            raise ValueError(f"unknown spec key(s) {unknown}; allowed: {list(SPEC_KEYS)}")
+            raise ArgumentError("data", unknown, f"keys of {list(SPEC_KEYS)}",
+                                requirement=f"unknown spec key(s) {unknown}; allowed: "
+                                            f"{list(SPEC_KEYS)}")
         args = dict(data)
         if isinstance(args.get("ber"), Mapping):
             args["ber"] = {(int(k) if str(k).isdigit() else k): v for k, v in args["ber"].items()}

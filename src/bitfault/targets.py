@@ -108,10 +108,13 @@ class Targets:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Targets:
         if not isinstance(data, Mapping):
-            raise TypeError(f"targets must be a mapping, got {type(data).__name__}")
+            raise ArgumentTypeError("targets", data, "a mapping",
+                                    tail=f", got {type(data).__name__}")
         unknown = sorted(set(data) - set(_KEYS))
         if unknown:
-            raise ValueError(f"unknown targets key(s) {unknown}; allowed: {list(_KEYS)}")
+            raise ArgumentError("data", unknown, f"keys of {list(_KEYS)}",
+                                requirement=f"unknown targets key(s) {unknown}; allowed: "
+                                            f"{list(_KEYS)}")
         kinds = data.get("kinds", ("weights",))
         return cls((kinds,) if isinstance(kinds, str) else tuple(kinds),
                    _strings(data.get("include", ()), "targets.include"),

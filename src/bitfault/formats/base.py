@@ -72,11 +72,11 @@ def to_container(values: np.ndarray, bits: int) -> np.ndarray:
 
 
 def check_float_input(x: Any, argument: str = "x") -> np.ndarray:
-    """Return ``x`` as a float ndarray or raise ``TypeError`` naming the argument."""
+    """Return ``x`` as a float ndarray or raise ArgumentTypeError naming the argument."""
     arr = np.asarray(x)
     if arr.dtype.kind != "f" or arr.dtype not in [np.dtype(d) for d in _FLOAT_DTYPES]:
-        raise TypeError(
-            f"{argument} must be a float16, float32 or float64 array, got dtype {arr.dtype}")
+        raise ArgumentTypeError(argument, arr.dtype, "a float16, float32 or float64 array",
+                                tail=f", got dtype {arr.dtype}")
     return arr
 
 
@@ -175,8 +175,9 @@ class FormatBase:
         super().__init_subclass__(**kwargs)
         if kind:
             if kind in FORMATS:
-                raise ValueError(f"format kind {kind!r} is registered already, by "
-                                 f"{FORMATS[kind].__name__}")
+                raise ArgumentError("kind", kind, "a kind no other format has",
+                                    requirement=f"format kind {kind!r} is registered already, "
+                                                f"by {FORMATS[kind].__name__}")
             cls.kind = kind
             FORMATS[kind] = cls
 
@@ -237,16 +238,18 @@ def gradient_bounds(fmt: Any) -> tuple[float, float] | None:
 def format_from_dict(data: dict[str, Any]) -> Format:
     """Rebuild a format from ``to_dict()`` output; unknown kinds or keys are errors."""
     if not isinstance(data, dict) or "kind" not in data:
-        raise ValueError(f"a format dict needs a 'kind' key, one of {tuple(FORMATS)}; "
-                         f"got {data!r}")
+        raise ArgumentError("kind", data, f"one of {tuple(FORMATS)}",
+                            requirement=f"a format dict needs a 'kind' key, one of "
+                                        f"{tuple(FORMATS)}", tail=f"; got {data!r}")
     cls = FORMATS[check_choice(data["kind"], tuple(FORMATS), "format kind")]
     kind = cls.kind
     args = {k: v for k, v in data.items() if k != "kind"}
     allowed = {f for f in cls.__dataclass_fields__}
     unknown = sorted(set(args) - allowed)
     if unknown:
-        raise ValueError(
-            f"unknown key(s) {unknown} for format {kind!r}; allowed: {sorted(allowed)}")
+        raise ArgumentError("data", unknown, f"keys of {sorted(allowed)}",
+                            requirement=f"unknown key(s) {unknown} for format {kind!r}; "
+                                        f"allowed: {sorted(allowed)}")
     return cls(**args)
 
 

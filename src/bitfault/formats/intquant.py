@@ -108,8 +108,9 @@ class IntQuant(FormatBase, kind="int_quant"):
         if axis is None:
             return None
         if not -ndim <= axis < ndim:
-            raise ValueError(
-                f"per_channel axis {axis} is out of range for a tensor with {ndim} dimensions")
+            raise ArgumentError("per_channel", axis, f"an axis in {-ndim}..{ndim - 1}",
+                                requirement=f"per_channel axis {axis} is out of range for a "
+                                            f"tensor with {ndim} dimensions")
         axis %= ndim
         return tuple(i for i in range(ndim) if i != axis)
 
@@ -155,8 +156,10 @@ class IntQuant(FormatBase, kind="int_quant"):
     ) -> np.ndarray:
         """Words -> floats with the clean tensor's ``params`` (required)."""
         if params is None:
-            raise ValueError("IntQuant.decode needs params= (the clean tensor's scale and zero "
-                             "point, from calibrate() or quantize())")
+            raise ArgumentError("params", params, "the clean tensor's QuantParams",
+                                requirement="IntQuant.decode needs params= (the clean tensor's "
+                                            "scale and zero point, from calibrate() or "
+                                            "quantize())")
         if self.codes == "signed":
             stored = low_bits_signed(words, self.bits)
         else:

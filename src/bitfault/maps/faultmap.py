@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from bitfault.errors import check_rate, check_seed
+from bitfault.errors import ArgumentError, check_rate, check_seed
 from bitfault.faults import BitSelection, resolve_bits
 from bitfault.formats import Format, is_format
 from bitfault.maps.files import read_map_file, write_map_file
@@ -43,9 +43,9 @@ def _rates_by_position(ber: Any, fmt: Format, positions: tuple[int, ...]) -> dic
     if isinstance(ber, (Sequence, np.ndarray)) and not isinstance(ber, str):
         values = list(ber)
         if len(values) != fmt.bits:
-            raise ValueError(
-                f"ber as a sequence needs one rate per bit position ({fmt.bits} for this "
-                f"format, LSB first), got {len(values)}")
+            need = f"one rate per bit position ({fmt.bits} for this format, LSB first)"
+            raise ArgumentError("ber", ber, need, requirement=f"ber as a sequence needs {need}",
+                                tail=f", got {len(values)}")
         return {p: check_rate(values[p], f"ber[{p}]") for p in positions}
     rate = check_rate(ber, "ber")
     return dict.fromkeys(positions, rate)
