@@ -260,3 +260,121 @@ def test_nested_core_checks_name_the_key_through_the_error_object(monkeypatch) -
     assert (info.value.key, info.value.value, info.value.allowed) == (
         "recipes[0].randbet.grad_clamp", 0.5, "grad_clamp must be a number the test likes")
 
+
+
+# ---- the validator reads error objects, not their text ---------------------------------
+
+_LIBRARY_ERRORS = {"ValueError", "TypeError", "KeyError", "ArgumentError", "ArgumentTypeError"}
+_ATTRIBUTES = {"argument", "value", "allowed", "requirement"}
+
+
+def _message_reads(source: str) -> list[str]:
+    """Where ``source`` reads the text of an error it caught from the library, or parses
+    text with ``re`` functions (``re.sub``, ``re.match``...): compiled name patterns
+    matched against config values are fine."""
+    import ast
+
+    found = []
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                and node.value.id == "re" and node.attr != "compile":
+            found.append(f"line {node.lineno}: re.{node.attr}")
+        if not isinstance(node, ast.ExceptHandler) or node.name is None:
+            continue
+        types = node.type.elts if isinstance(node.type, ast.Tuple) else [node.type]
+        if not {getattr(t, "id", getattr(t, "attr", "")) for t in types} & _LIBRARY_ERRORS:
+            continue
+        allowed = {id(a.value) for stmt in node.body for a in ast.walk(stmt)
+                   if isinstance(a, ast.Attribute) and a.attr in _ATTRIBUTES}
+        for stmt in node.body:
+            for n in ast.walk(stmt):
+                if isinstance(n, ast.Name) and n.id == node.name and id(n) not in allowed:
+                    found.append(f"line {n.lineno}: {node.name} used beyond {sorted(_ATTRIBUTES)}")
+    return found
+
+
+def test_config_never_parses_error_messages() -> None:
+    files = sorted((ROOT / "src" / "bitfault" / "config").glob("*.py"))
+    assert files
+    found = {f.name: _message_reads(f.read_text()) for f in files}
+    assert not any(found.values()), found
+
+
+def test_the_message_check_catches_what_it_forbids() -> None:
+    parses = ("import re\n"
+              "try:\n    f()\nexcept ValueError as exc:\n"
+              "    key = str(exc).split()[0]\n"
+              "    allowed = re.sub('got .*', '', exc.args[0])\n")
+    assert [f.split(":")[0] for f in _message_reads(parses)] == ["line 5", "line 6", "line 6"]
+    helper = "try:\n    f()\nexcept TypeError as exc:\n    key = from_message(exc)\n"
+    assert _message_reads(helper) == [  # handing the error to a helper that reads its text
+        "line 4: exc used beyond ['allowed', 'argument', 'requirement', 'value']"]
+    reads = ("try:\n    f()\nexcept (ArgumentError, ArgumentTypeError) as exc:\n"
+             "    raise ConfigError(exc.argument, exc.value, exc.requirement) from None\n")
+    assert _message_reads(reads) == []
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"recipes": [{"name": "a", "format": {"kind": "int4"}}]},
+     "config key 'recipes[0].format': got {'kind': 'int4'}; allowed: format kind must be one of "
+     "('fixed_point', 'int_quant', 'float')"),
+    ({"recipes": [{"name": "a", "format": {"bits": 8}}]},
+     "config key 'recipes[0].format': got {'bits': 8}; allowed: a format dict needs a 'kind' "
+     "key, one of ('fixed_point', 'int_quant', 'float')"),
+    ({"recipes": [{"name": "a", "format": {"kind": "float", "bits": 8}}]},
+     "config key 'recipes[0].format': got {'kind': 'float', 'bits': 8}; allowed: unknown key(s) "
+     "['bits'] for format 'float'; allowed: ['dtype', 'kind']"),
+    ({"campaign": {"fault": {"kind": "melt"}}},
+     "config key 'campaign.fault': got {'kind': 'melt'}; allowed: fault kind must be 'bit_flip' "
+     "or 'stuck_at'"),
+    ({"campaign": {"fault": {"kind": "stuck_at", "value": 2}}},
+     "config key 'campaign.fault.value': got 2; allowed: value must be 0 or 1"),
+    ({"campaign": {"fault": {"kind": "stuck_at"}}},
+     "config key 'campaign.fault': got {'kind': 'stuck_at'}; allowed: a 'stuck_at' fault needs "
+     "'value' (0 or 1)"),
+    ({"campaign": {"fault": {"kind": "bit_flip", "value": 1}}},
+     "config key 'campaign.fault': got {'kind': 'bit_flip', 'value': 1}; allowed: unknown key(s) "
+     "['value'] for fault 'bit_flip'; allowed: ['bits']"),
+    ({"recipes": [{"name": "a", "format": None,
+                   "fault_aware": {"ber": 0.1, "fault": {"kind": "melt"}}}]},
+     "config key 'recipes[0].fault_aware.fault': got {'kind': 'melt'}; allowed: fault kind must "
+     "be 'bit_flip' or 'stuck_at'"),
+    ({"recipes": [{"name": "a", "format": None, "fault_aware": {"ber": 0.1, "count": 3}}]},
+     "config key 'recipes[0].fault_aware': got {'ber': 0.1, 'count': 3}; allowed: give exactly "
+     "one of ber=, count= or maps="),
+    ({"recipes": [{"name": "a", "format": None, "fault_aware": {"ber": [0.1, 0.2]}}]},
+     "config key 'recipes[0].fault_aware.ber': got [0.1, 0.2]; allowed: ber as a sequence needs "
+     "one rate per bit position (32 for this format, LSB first)"),
+    # the README's two example lines
+    ({"recipes": [{"name": "a"}, {"name": "b", "weight_clip": -1}]},
+     "config key 'recipes[1].weight_clip': got -1; allowed: weight_clip must be a positive "
+     "finite number"),
+    ({"train": {"epoch": 3}},
+     "config key 'train.epoch': unknown; allowed: batch_size, epochs, lr, optimizer, "
+     "weight_decay"),
+])
+def test_core_errors_in_a_config_read_exactly(data: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(data)
+    assert str(info.value) == message
+
+
+_FX = {"kind": "fixed_point"}
+_MAP = {"a": {"shape": [2], "indices": [0], "masks": [1]}}
+
+
+@pytest.mark.parametrize("fault_aware", [
+    {"format": _FX}, {"ber": 0.1, "fault": {"kind": "bit_flip", "bits": "exponent"}},
+    {"ber": 0.1, "fault": {"kind": "bit_flip", "bits": [1.5]}},
+    {"ber": 0.1, "fault": {"kind": "bit_flip", "bits": []}}, {"ber": {"exponent": 0.1}},
+    {"ber": [0.1, "x"]}, {"ber": [0.1, None]}, {"count": -1}, {"maps": {}},
+    {"maps": {"fc1.weight": 3}}, {"maps": {"a": {"shape": [-1], "indices": [], "masks": []}}},
+    {"maps": _MAP, "persistence": "transient"}, {"ber": 0.1, "targets": {"bogus": 1}},
+    {"ber": 0.1, "format": {}}, {"ber": 0.1, "format": {"kind": "fixed_point", "x": 1}},
+    {"ber": 0.1, "fault": {"kind": ["x"]}},
+])
+def test_every_core_error_in_a_config_is_a_config_error(fault_aware: dict) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config({"recipes": [{"name": "a", "format": None, "fault_aware": fault_aware}]})
+    assert info.value.key.startswith("recipes[0].fault_aware"), str(info.value)

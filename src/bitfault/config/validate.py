@@ -192,34 +192,21 @@ def _numeric(value: Any) -> Any:
 
 
 def _library(key: str, value: Any, build: Any) -> Any:
-    """Run a library constructor; its error becomes a ConfigError at ``key``.
+    """Run a library constructor; its ArgumentError (ArgumentTypeError) becomes a
+    ConfigError at ``key``, read from the error's attributes, never from its text.
 
-    An ArgumentError names the argument that failed: when ``value`` is a mapping with
-    that key, the error names it (``recipes[0].randbet`` -> ``recipes[0].randbet.p_train``)
-    and shows its value.
+    The error names the argument that failed: when ``value`` is a mapping with that key,
+    the ConfigError names it (``recipes[0].randbet`` -> ``recipes[0].randbet.p_train``)
+    and shows its value; a nested argument (``randbet.fault``, ``fault kind``) names the
+    key of its first part. ``allowed`` is the error's requirement.
     """
     try:
         return build()
-    except ConfigError:
-        raise
     except (ArgumentError, ArgumentTypeError) as exc:
-        if isinstance(value, Mapping) and exc.argument in value:
-            key, value = f"{key}.{exc.argument}", value[exc.argument]
+        first = exc.argument.replace(" ", ".").split(".", 1)[0]
+        if isinstance(value, Mapping) and first in value:
+            key, value = f"{key}.{first}", value[first]
         raise ConfigError(key, value, exc.requirement) from None
-    except (ValueError, TypeError, KeyError) as exc:
-        key, value, allowed = _from_message(key, value, exc)
-        raise ConfigError(key, value, allowed) from None
-
-
-def _from_message(key: str, value: Any, exc: Exception) -> tuple[str, Any, str]:
-    """Key, value and allowed of a plain ValueError/TypeError, read from its text
-    ("bits must be ..., got 99"). Only for the core checks that do not raise
-    ArgumentError yet (formats, fault models, parts of FaultSpec)."""
-    message = exc.args[0] if exc.args and isinstance(exc.args[0], str) else str(exc)
-    first = message.split(" ", 1)[0]
-    if isinstance(value, Mapping) and first in value:
-        key, value = f"{key}.{first}", value[first]
-    return key, value, re.sub(r"[,;] got [^;]*$", "", message)
 
 
 def _recipe(raw: Any, i: int) -> Recipe:
