@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 import bitfault
+from bitfault.errors import check_int
 
 BAD_INPUT = 2
 FAILURE = 1
@@ -123,8 +124,8 @@ def _framework(sub: argparse.ArgumentParser, what: str) -> None:
 
 def _set_threads(threads: int | None) -> None:
     """One framework thread unless told otherwise; set before torch/TF are imported."""
-    if threads is not None and threads < 1:
-        raise ValueError(f"--threads must be a positive integer, got {threads}")
+    if threads is not None:
+        check_int(threads, "--threads", 1)
     n = str(threads) if threads is not None else os.environ.get("OMP_NUM_THREADS", "1")
     for var in ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS"):
         if threads is not None:

@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from bitfault.errors import check_int
+
 
 def _check_confidence(confidence: float) -> float:
     if not 0.0 < confidence < 1.0:
@@ -276,9 +278,7 @@ def fault_injection_sample_size(population: int, margin: float = 0.01,
     with ``t`` the normal quantile of the confidence and ``p = 0.5`` the worst case.
     """
     _check_confidence(confidence)
-    if isinstance(population, bool) or not isinstance(population, (int, np.integer)) \
-            or population < 1:
-        raise ValueError(f"population must be a positive integer, got {population!r}")
+    check_int(population, "population", 1)
     if not 0.0 < margin < 1.0:
         raise ValueError(f"margin must be in (0, 1), got {margin!r}")
     if not 0.0 < p < 1.0:

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from bitfault.errors import check_rate, check_seed
+from bitfault.errors import check_int, check_rate, check_seed
 from bitfault.faults import BitSelection, resolve_bits
 from bitfault.formats import Format, is_format
 from bitfault.stats import fault_injection_sample_size
@@ -65,22 +65,16 @@ def _check_bers(bers: Iterable[float]) -> tuple[float, ...]:
     return values
 
 
-def _check_chips(chips: int) -> int:
-    if isinstance(chips, bool) or not isinstance(chips, int) or chips < 1:
-        raise ValueError(f"chips must be a positive integer, got {chips!r}")
-    return chips
-
-
 def rate_sweep(bers: Sequence[float], chips: int, base_seed: int = 0) -> list[Trial]:
     """``chips`` simulated chips at each rate; chip c has seed ``base_seed + c`` everywhere."""
-    bers, chips = _check_bers(bers), _check_chips(chips)
+    bers, chips = _check_bers(bers), check_int(chips, "chips", 1)
     return [Trial("rate", ber, c, base_seed + c) for ber in bers for c in range(chips)]
 
 
 def layer_sweep(bers: Sequence[float], chips: int, targets: Sequence[str],
                 base_seed: int = 0) -> list[Trial]:
     """A rate sweep per tensor, faults confined to that tensor."""
-    bers, chips = _check_bers(bers), _check_chips(chips)
+    bers, chips = _check_bers(bers), check_int(chips, "chips", 1)
     if not targets:
         raise ValueError("targets must name at least one tensor")
     return [Trial("layer", ber, c, base_seed + c, target=t)
@@ -91,7 +85,7 @@ def bit_sweep(bers: Sequence[float], chips: int, bits: Sequence[int | str],
               base_seed: int = 0) -> list[Trial]:
     """A rate sweep per bit position or field of the format (``"sign"``, ``"exponent"``,
     ...), faults confined to it (``run`` checks the names against the format)."""
-    bers, chips = _check_bers(bers), _check_chips(chips)
+    bers, chips = _check_bers(bers), check_int(chips, "chips", 1)
     if isinstance(bits, (str, int)) or not bits:
         raise ValueError(f"bits must list at least one bit position or field name, got "
                          f"{bits!r}")

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from bitfault.errors import check_int
 from bitfault.stats import wilson_interval
 
 Failure = Callable[[Mapping[str, float], Mapping[str, float]], bool]
@@ -48,9 +49,7 @@ class StopWhenPrecise:
             raise ValueError(f"margin must be a number in (0, 0.5), got {self.margin!r}")
         if not isinstance(self.confidence, (int, float)) or not 0.0 < self.confidence < 1.0:
             raise ValueError(f"confidence must be in (0, 1), got {self.confidence!r}")
-        if isinstance(self.min_trials, bool) or not isinstance(self.min_trials, int) or \
-                self.min_trials < 1:
-            raise ValueError(f"min_trials must be a positive integer, got {self.min_trials!r}")
+        check_int(self.min_trials, "min_trials", 1)
         if self.failure is not None and not callable(self.failure):
             raise TypeError(f"failure must be a function (metrics, clean) -> bool, got "
                             f"{self.failure!r}")

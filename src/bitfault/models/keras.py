@@ -12,6 +12,8 @@ import math
 
 import keras
 
+from bitfault.errors import check_int
+
 
 def _init(fan_in: int, seed: int) -> keras.initializers.Initializer:
     return keras.initializers.TruncatedNormal(mean=0.0, stddev=1.0 / math.sqrt(fan_in),
@@ -65,8 +67,7 @@ def small_cnn(channels: tuple[int, int] = (16, 32), seed: int = 0, classes: int 
     """
     if norm not in NORMS:
         raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
-    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
-        raise ValueError(f"groups must be a positive integer, got {groups!r}")
+    groups = check_int(groups, "groups", 1)
     separate = relu_layers or norm is not None
     act = None if separate else "relu"
     c1, c2 = channels

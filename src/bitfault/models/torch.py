@@ -12,6 +12,8 @@ import math
 import torch
 from torch import nn
 
+from bitfault.errors import check_int
+
 NORMS = (None, "batch", "group")
 
 
@@ -70,8 +72,7 @@ class SmallCNN(nn.Module):
         super().__init__()
         if norm not in NORMS:
             raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
-        if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
-            raise ValueError(f"groups must be a positive integer, got {groups!r}")
+        groups = check_int(groups, "groups", 1)
         c1, c2 = channels
         self.conv1 = nn.Conv2d(1, c1, 3, padding=1)
         self.conv2 = nn.Conv2d(c1, c2, 3, padding=1)
