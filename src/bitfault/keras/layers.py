@@ -74,14 +74,25 @@ class _StoredValues(keras.layers.Layer):
 _stored_values: _StoredValues | None = None
 
 
-def _read(params: list[tuple[Slot, Any]]) -> tuple[list[tf.Tensor], list[tf.Tensor]]:
-    """The clean float32 values (never autocast, e.g. to float16) and the masks."""
+def _read(params: list[tuple[Slot, Any]], compute_dtype: str | None = None
+          ) -> tuple[list[tf.Tensor], list[tf.Tensor]]:
+    """The clean float32 values (never autocast, e.g. to float16) and the masks.
+
+    ``compute_dtype``: that of the layer whose call reads them. Inside a layer's call
+    Keras autocasts to its compute dtype or not at all, so under "float32" the values
+    are read directly (the reading layer costs ~0.2 ms per eager call)."""
     global _stored_values
-    if _stored_values is None:
-        _stored_values = _StoredValues()
-    values = _stored_values(tf.zeros(()), read=lambda: [
-        tf.convert_to_tensor(s.variable.value) for s, _ in params])
-    return list(values), [tf.convert_to_tensor(m.value) for _, m in params]
+
+    def read() -> list[tf.Tensor]:
+        return [tf.convert_to_tensor(s.variable.value) for s, _ in params]
+
+    if compute_dtype == "float32":
+        values = read()
+    else:
+        if _stored_values is None:
+            _stored_values = _StoredValues()
+        values = list(_stored_values(tf.zeros(()), read=read))
+    return values, [tf.convert_to_tensor(m.value) for _, m in params]
 
 
 @keras.saving.register_keras_serializable(package="bitfault")
@@ -158,7 +169,7 @@ class FaultyLayer(keras.layers.Wrapper):
         pairs = [(s, m) for s, m in zip(self._slots, self._mask_variables, strict=True)]
         params = [(s, m) for s, m in pairs if s.variable is not None]
         if params:
-            values, masks = _read(params)
+            values, masks = _read(params, self.compute_dtype)
             faulty = straight_through(self._fused_for([s for s, _ in params]), values, masks,
                                       self.spec.gradient, gradient_bounds(self.spec.format))
             substitutes = [(s.variable, f) for (s, _), f in zip(params, faulty, strict=True)]
