@@ -1,5 +1,6 @@
 """bitfault for Keras 3 on the TensorFlow backend: faulty layers, ``inject``, resampling,
-and training by a ``bitfault.recipes.Recipe`` (``fit``, ``clip_weights_``, ``bound_relus``).
+training by a ``bitfault.recipes.Recipe`` (``fit``, ``clip_weights_``, ``bound_relus``),
+and ``KerasEvaluator`` for campaigns (``bitfault.campaign``).
 
 ``import bitfault`` never imports Keras; importing this package does, and
 raises ImportError unless Keras runs on TensorFlow.
