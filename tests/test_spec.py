@@ -29,7 +29,7 @@ def test_defaults_are_the_seed_program():
     spec = FaultSpec(ber=0.01)
     assert spec.format == FixedPoint(32, 28, rounding="trunc")
     assert spec.fault == BitFlip()
-    assert spec.targets == ("weights",) and spec.persistence == "permanent"
+    assert spec.targets.kinds == ("weights",) and spec.persistence == "permanent"
     assert spec.gradient == "ste" and spec.resample == "step" and spec.seed == 0
 
 
@@ -128,9 +128,9 @@ def test_other_bad_values_rejected():
 
 
 def test_targets_are_normalised_in_a_fixed_order():
-    assert FaultSpec(ber=0.1, targets="activations").targets == ("activations",)
+    assert FaultSpec(ber=0.1, targets="activations").targets.kinds == ("activations",)
     spec = FaultSpec(ber=0.1, targets=["activations", "weights", "weights"])
-    assert spec.targets == ("weights", "activations")
+    assert spec.targets.kinds == ("weights", "activations")
 
 
 # ---- maps for tensors --------------------------------------------------------------------------

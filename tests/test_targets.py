@@ -83,14 +83,28 @@ def test_bad_targets_name_the_argument_and_the_allowed_values():
         Targets.coerce("activations", kinds=("weights", "biases"), argument="campaign.targets")
 
 
-def test_fault_spec_targets_are_kinds_through_targets():
-    assert FaultSpec(ber=0.1, targets="weights+biases").targets == ("weights", "biases")
-    assert FaultSpec(ber=0.1, targets=Targets(("biases",))).targets == ("biases",)
-    assert FaultSpec(ber=0.1, targets={"kinds": ["activations"]}).targets == ("activations",)
+def test_fault_spec_targets_are_targets_kinds_and_patterns():
+    assert FaultSpec(ber=0.1, targets="weights+biases").targets.kinds == ("weights", "biases")
+    assert FaultSpec(ber=0.1, targets=Targets(("biases",))).targets.kinds == ("biases",)
+    assert FaultSpec(ber=0.1, targets={"kinds": ["activations"]}).targets.kinds == (
+        "activations",)
+    assert "weights" in FaultSpec(ber=0.1).targets and "biases" not in FaultSpec(ber=0.1).targets
     with pytest.raises(ValueError, match=r"targets must be one of \('weights', 'biases', "
                                          r"'activations'\), got 'buffers'"):
         FaultSpec(ber=0.1, targets="buffers")
-    with pytest.raises(ValueError, match="kinds only"):
-        FaultSpec(ber=0.1, targets=Targets(include=("fc1.*",)))
+    spec = FaultSpec(ber=0.1, targets=Targets(include=("fc1.*",)))
+    assert spec.targets == Targets(include=("fc1.*",))
+    names = FaultSpec(ber=0.1, targets=["fc1.weight"]).targets
+    assert names == Targets(("weights", "biases", "activations"), include=("fc1.weight",))
     with pytest.raises(ValueError, match=r"got 'fc1.weight'"):
-        FaultSpec(ber=0.1, targets=["fc1.weight"])
+        FaultSpec(ber=0.1, targets=["weights", "fc1.weight"])
+
+
+def test_fault_spec_json_keeps_the_kinds_only_form():
+    plain = FaultSpec(ber=0.1, targets="weights+biases")
+    assert plain.to_dict()["targets"] == ["weights", "biases"]  # as specs were always written
+    assert FaultSpec.from_dict({"ber": 0.1, "targets": ["weights", "biases"]}) == plain
+    narrowed = FaultSpec(ber=0.1, targets={"kinds": ["weights"], "exclude": ["head.*"]})
+    assert narrowed.to_dict()["targets"] == {"kinds": ["weights"], "include": [],
+                                             "exclude": ["head.*"]}
+    assert FaultSpec.from_json(narrowed.to_json()) == narrowed

@@ -9,7 +9,7 @@ clean weights, or "blocked" as in the seed program's bug). It round-trips
 through JSON, so the CLI, PyTorch and Keras all read the same thing. It composes
 smaller values: ``spec.memory`` (format + fault model: what evaluators and stored
 tensors take) and ``spec.source`` (rate | count | maps, and the seed); its targets
-are kinds of the one target vocabulary (``bitfault.targets``).
+are a ``bitfault.targets.Targets``: kinds, narrowed by include/exclude name patterns.
 
 Tensor names follow PyTorch: ``"<module path>.weight"``, ``"<module path>.bias"``
 and ``"<module path>.output"`` for activations; layouts are PyTorch's too
@@ -167,7 +167,7 @@ class FaultSpec:
     count: int | None = None
     maps: Mapping[str, FaultMap] | None = None
     seed: int = 0
-    targets: str | Sequence[str] = ("weights",)
+    targets: Targets | str | Sequence[str] | Mapping[str, Any] = ("weights",)
     persistence: Literal["permanent", "transient"] = "permanent"
     resample: Literal["step", "forward"] = "step"
     gradient: Literal["ste", "blocked"] = "ste"
@@ -180,8 +180,7 @@ class FaultSpec:
         source.check_for(memory)
         for key in ("ber", "count", "maps", "seed"):
             object.__setattr__(self, key, getattr(source, key))
-        object.__setattr__(self, "targets", Targets.coerce(self.targets, kinds=TARGETS,
-                                                           names=False).kinds)
+        object.__setattr__(self, "targets", Targets.coerce(self.targets, kinds=TARGETS))
         check_choice(self.persistence, PERSISTENCES, "persistence")
         check_choice(self.resample, RESAMPLES, "resample")
         check_choice(self.gradient, GRADIENTS, "gradient")
@@ -229,7 +228,7 @@ class FaultSpec:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict; ``FaultSpec.from_dict`` rebuilds an equal spec."""
         return {**self.memory.to_dict(), **self.source.to_dict(),
-                "targets": list(self.targets), "persistence": self.persistence,
+                "targets": self.targets.describe(), "persistence": self.persistence,
                 "resample": self.resample, "gradient": self.gradient}
 
     @classmethod

@@ -6,11 +6,17 @@ A tensor has a name in PyTorch's form (``"fc1.weight"``, ``"fc1.bias"``,
 kind, then keeps those whose name matches an ``include`` pattern (all, when there
 is none) and matches no ``exclude`` pattern (``fnmatch`` patterns, case-sensitive:
 ``"fc*.weight"``, ``"encoder.*"``).
+
+Every entry point chooses through it: ``bitfault.torch.select_tensors`` and
+``bitfault.keras.select_tensors`` (``inject_`` / ``inject``, the evaluators, ``fit``,
+``bitfault inject``, config files). Without include patterns the candidates are the
+weights (and biases, outputs) of Linear, Conv and Embedding modules (Dense, Conv,
+EinsumDense and Embedding layers); include patterns name tensors of any module.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any
@@ -61,6 +67,33 @@ class Targets:
     def has_patterns(self) -> bool:
         """Whether names narrow the kinds (``include`` or ``exclude`` given)."""
         return bool(self.include or self.exclude)
+
+    def __contains__(self, kind: object) -> bool:
+        """Whether ``kind`` (``"weights"``, ...) is one of the targeted kinds."""
+        return kind in self.kinds
+
+    def unmatched(self, names: Iterable[str]) -> list[str]:
+        """The include patterns that match none of ``names`` (a typo, or a tensor the model
+        lacks)."""
+        names = list(names)
+        return [p for p in self.include if not any(fnmatchcase(n, p) for n in names)]
+
+    def order(self, names: Iterable[str]) -> list[str]:
+        """``names`` in the order of the first include pattern each matches (a list of tensor
+        names keeps its order), model order within one pattern and without patterns."""
+        names = list(names)
+        if not self.include:
+            return names
+
+        def rank(name: str) -> int:
+            return next((i for i, p in enumerate(self.include) if fnmatchcase(name, p)),
+                        len(self.include))
+        return sorted(names, key=rank)
+
+    def describe(self) -> Any:
+        """The JSON form users write: the list of kinds when no pattern narrows them (as a
+        spec's ``targets`` has always been written), else ``to_dict()``."""
+        return self.to_dict() if self.has_patterns else list(self.kinds)
 
     def selects(self, name: str, kind: str | None = None) -> bool:
         """Whether tensor ``name`` (of ``kind``; by default ``kind_of(name)``) is a target."""

@@ -12,7 +12,8 @@
 torch tensor, on its device. ``fit`` trains for bit-error robustness as a
 ``bitfault.recipes.Recipe`` says (weight clipping, RandBET, bounded ReLUs;
 docs/recipes.md). ``TorchEvaluator`` runs campaigns (``bitfault.campaign``) on a
-model and dataset. Importing this module imports torch.
+model and dataset. ``select_tensors`` is what all of them fault for a
+``bitfault.Targets`` (docs/torch.md). Importing this module imports torch.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - exercised only without 
 
 from bitfault.torch.evaluate import TorchEvaluator
 from bitfault.torch.handle import FaultHandle, batch_map
-from bitfault.torch.inject import DEFAULT_MODULES, inject_
+from bitfault.torch.inject import inject_
 from bitfault.torch.recipes import (
     BoundedReLU,
     ClipHandle,
@@ -34,6 +35,7 @@ from bitfault.torch.recipes import (
     clip_weights_,
 )
 from bitfault.torch.seam import inject
+from bitfault.torch.targets import DEFAULT_MODULES, Selected, select_tensors
 from bitfault.torch.train import (
     evaluate,
     fit,
@@ -42,6 +44,7 @@ from bitfault.torch.train import (
     stored_weights,
 )
 
-__all__ = ["DEFAULT_MODULES", "BoundedReLU", "ClipHandle", "FaultHandle", "TorchEvaluator",
-           "batch_map", "bound_relus_", "calibrate_relu_thresholds", "clip_weights_", "evaluate",
-           "fit", "inject", "inject_", "quantised_weights", "randbet_step", "stored_weights"]
+__all__ = ["DEFAULT_MODULES", "BoundedReLU", "ClipHandle", "FaultHandle", "Selected",
+           "TorchEvaluator", "batch_map", "bound_relus_", "calibrate_relu_thresholds",
+           "clip_weights_", "evaluate", "fit", "inject", "inject_", "quantised_weights",
+           "randbet_step", "select_tensors", "stored_weights"]

@@ -20,7 +20,6 @@ lies outside what the format stores, ``gradient_bounds``) or not at all
 
 from __future__ import annotations
 
-import fnmatch
 import types
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -40,53 +39,22 @@ from bitfault.torch.handle import (
     original_forward,
 )
 from bitfault.torch.seam import check_float_dtype
-
-DEFAULT_MODULES: tuple[type[nn.Module], ...] = (
-    nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Embedding)
-
-FilterFn = Callable[[nn.Module, str], bool]
+from bitfault.torch.targets import FilterFn, Selected, select_modules, select_tensors
 
 
-def _as_filter(filter_fn: Any) -> FilterFn:
-    if filter_fn is None:
-        return lambda module, fqn: isinstance(module, DEFAULT_MODULES)
-    if isinstance(filter_fn, str):
-        filter_fn = [filter_fn]
-    if isinstance(filter_fn, (list, tuple)) and all(isinstance(p, str) for p in filter_fn):
-        patterns = tuple(filter_fn)
-        return lambda module, fqn: any(fnmatch.fnmatchcase(fqn, p) for p in patterns)
-    if callable(filter_fn):
-        return filter_fn
-    raise TypeError("filter_fn must be None (Linear, Conv1d/2d/3d and Embedding modules), a "
-                    "callable (module, fully_qualified_name) -> bool, or glob patterns on module "
-                    f"names; got {filter_fn!r}")
-
-
-def _selected_params(module: nn.Module, targets: Sequence[str]) -> list[tuple[str, nn.Parameter]]:
-    """The module's own parameters that the targets name: ``*weight`` and ``*bias``."""
-    out = []
-    for pname, p in module.named_parameters(recurse=False):
-        if ("weights" in targets and pname.endswith("weight")) or (
-                "biases" in targets and pname.endswith("bias")):
-            out.append((pname, p))
-    return out
-
-
-def _plan(model: nn.Module, spec: FaultSpec, chosen: list[tuple[str, nn.Module]]
+def _plan(spec: FaultSpec, selected: list[Selected]
           ) -> tuple[list[FaultedParam], dict[tuple[str, str], str], list[str]]:
     params: list[FaultedParam] = []
-    aliases: dict[tuple[str, str], str] = {}
-    seen: dict[int, str] = {}
-    for fqn, module in chosen:
-        for pname, p in _selected_params(module, spec.targets):
-            name = join_name(fqn, pname)
-            check_float_dtype(p.dtype, f"parameter {name!r}")
-            if id(p) in seen:  # a tied parameter is one memory: one map, under its first name
-                aliases[(fqn, pname)] = seen[id(p)]
-                continue
-            seen[id(p)] = name
-            params.append(FaultedParam(name, fqn, pname, tuple(p.shape)))
-    activations = [fqn for fqn, _ in chosen] if "activations" in spec.targets else []
+    aliases: dict[tuple[str, str], str] = {}  # a tied parameter is one memory: one map
+    activations = []
+    for s in selected:
+        if s.kind == "activations":
+            activations.append(s.module)
+            continue
+        check_float_dtype(s.tensor.dtype, f"parameter {s.name!r}")
+        params.append(FaultedParam(s.name, s.module, s.attr, tuple(s.tensor.shape)))
+        for place in s.also:
+            aliases[place] = s.name
     return params, aliases, activations
 
 
@@ -94,26 +62,28 @@ def inject_(model: nn.Module, spec: FaultSpec | Mapping[str, Any],
             filter_fn: FilterFn | str | Sequence[str] | None = None) -> FaultHandle:
     """Put ``model``'s tensors in faulty memory, in place; return the handle.
 
-    ``filter_fn(module, fully_qualified_name) -> bool`` chooses modules (default:
-    every Linear, Conv1d/2d/3d and Embedding; a glob string or list of globs
-    matches module names). Of each chosen module, ``spec.targets`` picks its own
-    parameters ending in ``weight`` / ``bias`` and its output (``"activations"``).
+    ``spec.targets`` and ``filter_fn`` choose the tensors as ``select_tensors`` says:
+    ``filter_fn(module, fully_qualified_name) -> bool`` (or glob patterns on module
+    names) chooses modules (default: every Linear, Conv1d/2d/3d and Embedding; every
+    module when the targets have include patterns); of each, the targets pick its own
+    parameters by kind and name and its output (``"activations"``).
     Every argument is checked, and every map drawn, before the model is touched.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     spec = FaultSpec.coerce(spec)
-    accept = _as_filter(filter_fn)
-    chosen = [(fqn, m) for fqn, m in model.named_modules() if accept(m, fqn)]
+    chosen = select_modules(model, spec.targets, filter_fn)
     if not chosen:
         kinds = sorted({type(m).__name__ for m in model.modules()})
         raise ValueError(f"filter_fn matched no module of the model (its module types: {kinds}); "
                          "the default chooses Linear, Conv1d/2d/3d and Embedding")
-    params, aliases, activations = _plan(model, spec, chosen)
+    params, aliases, activations = _plan(spec, select_tensors(model, spec.targets,
+                                                              modules=chosen))
     if not params and not activations:
-        raise ValueError(f"targets={list(spec.targets)} name no tensor of the chosen modules "
-                         f"{[f for f, _ in chosen][:8]}: they have no parameter ending in "
-                         "'weight'/'bias' as targeted")
+        raise ValueError(f"targets={list(spec.targets.kinds)} name no tensor of the chosen "
+                         f"modules {[f for f, _ in chosen][:8]}: they have no parameter of "
+                         "those kinds (weights: *weight, biases: *bias) that the targets' "
+                         "patterns keep")
     for fqn, module in chosen:
         if module in LIVE:
             raise ValueError(f"module {fqn or '<model>'!r} already has faults injected; "

@@ -36,22 +36,17 @@ from bitfault.recipes import (
 )
 from bitfault.torch.gradient import straight_through
 from bitfault.torch.handle import injected
-from bitfault.torch.inject import DEFAULT_MODULES, inject_
+from bitfault.torch.inject import inject_
 from bitfault.torch.recipes import bound_relus_, calibrate_relu_thresholds, clip_weights_
 from bitfault.torch.seam import DeviceFaults, faulty_group
+from bitfault.torch.targets import select_tensors
 
 
 def stored_weights(model: nn.Module) -> dict[str, nn.Parameter]:
-    """The tensors the recipes quantise and fault: ``weight`` of every Linear, Conv and
-    Embedding module, by name (a tied weight once, under its first name)."""
-    out: dict[str, nn.Parameter] = {}
-    seen: set[int] = set()
-    for fqn, module in model.named_modules():
-        w = module._parameters.get("weight") if isinstance(module, DEFAULT_MODULES) else None
-        if w is not None and id(w) not in seen:
-            seen.add(id(w))
-            out[f"{fqn}.weight" if fqn else "weight"] = w
-    return out
+    """The tensors the recipes quantise and fault: ``select_tensors(model, "weights")``,
+    the ``weight`` of every Linear, Conv and Embedding module, by name (a tied weight
+    once, under its first name): what ``inject_`` faults for ``targets="weights"``."""
+    return {s.name: s.tensor for s in select_tensors(model, "weights")}
 
 
 def quantised_weights(model: nn.Module, format: Format, maps: Mapping[str, FaultMap] | None = None,
