@@ -160,7 +160,6 @@ x._private
     assert violations("from .sampling import _hits\n", "bitfault.maps", is_package=True) == []
 
 
-@pytest.mark.xfail(strict=False, reason="issue 15 in progress")
 def test_no_private_names_across_packages_no_keras_src_no_torch_c():
     found = []
     for dotted, path in _modules():
@@ -169,7 +168,6 @@ def test_no_private_names_across_packages_no_keras_src_no_torch_c():
     assert not found, "layout rules broken:\n" + "\n".join(found)
 
 
-@pytest.mark.xfail(strict=False, reason="issue 15 in progress")
 def test_modules_stay_small():
     found = [f"{dotted}: {n} lines" for dotted, path in _modules()
              if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES]
