@@ -85,7 +85,7 @@ class FixedPoint(FormatBase, kind="fixed_point"):
         arr = check_float_input(x)
         y = round_by(arr.astype(np.float64) * 2.0**self.frac, self.rounding)
         lo, hi = self.code_range
-        codes, n_bad = to_int_range(y, lo, hi, self.overflow, arr, f"FixedPoint{self._q()}")
+        codes, n_bad = to_int_range(y, lo, hi, self.overflow, arr, f"FixedPoint{self.q_name}")
         return to_container(codes, self.bits), n_bad
 
     def encode(self, x: Any, params: QuantParams | None = None) -> np.ndarray:
@@ -98,7 +98,9 @@ class FixedPoint(FormatBase, kind="fixed_point"):
         """Words -> floats (``dtype``, float32 by default); reads only the low ``bits`` bits."""
         return cast_quietly(low_bits_signed(words, self.bits) * 2.0**-self.frac, dtype)
 
-    def _q(self) -> str:
+    @property
+    def q_name(self) -> str:
+        """The Qm.n name of the layout, e.g. "(Q4.28)"."""
         return f"(Q{self.bits - self.frac}.{self.frac})"
 
 

@@ -91,7 +91,7 @@ class IntQuant(FormatBase, kind="int_quant"):
         return 1.0
 
     @property
-    def _offset(self) -> int:
+    def code_offset(self) -> int:
         """What is added to a code to get its stored bit pattern (before two's complement)."""
         half = 1 << (self.bits - 1)
         if self.symmetric:
@@ -103,7 +103,8 @@ class IntQuant(FormatBase, kind="int_quant"):
         top = self.bits - 1
         return {"sign": (top,), "magnitude": tuple(range(top))}
 
-    def _reduce_axes(self, ndim: int) -> tuple[int, ...] | None:
+    def reduce_axes(self, ndim: int) -> tuple[int, ...] | None:
+        """The axes a per-channel calibration reduces over (None: per tensor); checks the axis."""
         axis = self.axis
         if axis is None:
             return None
@@ -122,7 +123,7 @@ class IntQuant(FormatBase, kind="int_quant"):
             index, value = first_bad(bad, arr)
             raise ValueError(f"IntQuant: value {value!r} at index {index} is not finite; "
                              "a scale cannot be computed from NaN or inf")
-        axes = self._reduce_axes(arr.ndim)
+        axes = self.reduce_axes(arr.ndim)
         lo, hi = self.code_range
         if arr.size == 0:
             return QuantParams(np.asarray(1.0), np.asarray(0, dtype=np.int64))
@@ -145,7 +146,7 @@ class IntQuant(FormatBase, kind="int_quant"):
         y = round_by(arr.astype(np.float64) / params.scale, self.rounding) + params.zero_point
         lo, hi = self.code_range
         codes, n_sat = to_int_range(y, lo, hi, "saturate", arr, "IntQuant")
-        return to_container(codes + self._offset, self.bits), n_sat
+        return to_container(codes + self.code_offset, self.bits), n_sat
 
     def encode(self, x: Any, params: QuantParams | None = None) -> np.ndarray:
         """Float array -> code words; the scale comes from ``params`` or from ``x`` itself."""
@@ -164,7 +165,7 @@ class IntQuant(FormatBase, kind="int_quant"):
             stored = low_bits_signed(words, self.bits)
         else:
             stored = low_bits_unsigned(words, self.bits)
-        q = stored - self._offset - params.zero_point
+        q = stored - self.code_offset - params.zero_point
         return cast_quietly(q * params.scale, dtype)
 
 

@@ -98,7 +98,7 @@ def fixed_point_fault(fmt: FixedPoint, fault: FaultModel) -> FaultFn:
 def int_quant_fault(fmt: IntQuant, fault: FaultModel, axis: int | None) -> FaultFn:
     """IntQuant in float64/int64 as the core computes it; ``axis`` is the channel axis of x."""
     lo, hi = fmt.code_range
-    offset = fmt._offset
+    offset = fmt.code_offset
     word = tf.int32 if fmt.bits <= 30 else tf.int64  # int32 runs twice as wide, no overflow
 
     def run(x: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:

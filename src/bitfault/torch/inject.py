@@ -96,8 +96,8 @@ def inject_(model: nn.Module, spec: FaultSpec | Mapping[str, Any],
             raise ValueError(f"maps names tensor(s) {unknown} that this injection does not "
                              f"fault; its tensors are {sorted(set(known) | known_acts)}")
     for p in params:
-        if hasattr(spec.format, "_reduce_axes"):
-            spec.format._reduce_axes(len(p.shape))  # per_channel axis must exist
+        if hasattr(spec.format, "reduce_axes"):
+            spec.format.reduce_axes(len(p.shape))  # per_channel axis must exist
     maps = {}
     for p in params:
         fmap = spec.map_for(p.name, p.shape, 0)

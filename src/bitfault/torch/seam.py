@@ -138,7 +138,7 @@ def _compiled_format(fmt: Format, ndim: int) -> bool:
         return False
     if fmt.axis is None:
         return True
-    fmt._reduce_axes(ndim)
+    fmt.reduce_axes(ndim)
     return fmt.axis % ndim == 0
 
 

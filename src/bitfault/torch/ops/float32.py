@@ -135,7 +135,7 @@ def _host_calibration(x: torch.Tensor, fmt: IntQuant
     broadcastable tensors per channel.
     """
     lo, hi = fmt.code_range
-    dims = fmt._reduce_axes(x.ndim)
+    dims = fmt.reduce_axes(x.ndim)
     if dims is None:
         mn_t, mx_t = torch.aminmax(x)
         mn, mx = mn_t.item(), mx_t.item()
@@ -172,16 +172,16 @@ def _fault_codes_(y: torch.Tensor, fmt: IntQuant, fault: FaultModel,
     index = faults.index
     codes = y.index_select(0, index)
     container = _CONTAINERS.get(fmt.bits)
-    if container is not None and fmt._offset == 0 and fmt.codes == "signed":
+    if container is not None and fmt.code_offset == 0 and fmt.codes == "signed":
         # the stored word is the code's two's complement in a container of exactly
         # ``bits``: the wrapping cast is the sign extension
         words = apply_fault_(codes.to(container), faults.masks_as(container), fault)
         y.scatter_(0, index, words.to(torch.float64))
         return
-    words = (codes.to(torch.int64) + fmt._offset) & fmt.word_mask
+    words = (codes.to(torch.int64) + fmt.code_offset) & fmt.word_mask
     stored = apply_fault(words, faults.masks, fault)
     stored = sign_extend(stored, fmt.bits) if fmt.codes == "signed" else stored & fmt.word_mask
-    y.scatter_(0, index, (stored - fmt._offset).to(torch.float64))
+    y.scatter_(0, index, (stored - fmt.code_offset).to(torch.float64))
 
 
 def faulty_int_quant_f32(xs: Sequence[torch.Tensor], fmt: IntQuant, fault: FaultModel,

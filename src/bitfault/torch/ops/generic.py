@@ -189,7 +189,7 @@ class Calibration:
 def calibrate(x: torch.Tensor, fmt: IntQuant) -> Calibration:
     """``IntQuant.calibrate`` in float64 on x's device (non-finite input: see ``finite``)."""
     lo, hi = fmt.code_range
-    dims = fmt._reduce_axes(x.ndim)  # raises ValueError for an axis out of range
+    dims = fmt.reduce_axes(x.ndim)  # raises ValueError for an axis out of range
     dev = x.device
     if x.numel() == 0:
         return Calibration(torch.ones((), dtype=torch.float64, device=dev),
@@ -254,14 +254,14 @@ def encode(x: torch.Tensor, fmt: Format, calib: Calibration | None = None) -> to
     if isinstance(fmt, FixedPoint):
         y = _round(x.to(torch.float64) * 2.0**fmt.frac, fmt.rounding)
         lo, hi = fmt.code_range
-        return _to_int_range(y, lo, hi, fmt.overflow, x, f"FixedPoint{fmt._q()}") & fmt.word_mask
+        return _to_int_range(y, lo, hi, fmt.overflow, x, f"FixedPoint{fmt.q_name}") & fmt.word_mask
     if isinstance(fmt, IntQuant):
         if calib is None:
             raise ValueError("IntQuant needs a calibration (scale and zero point)")
         y = _round(x.to(torch.float64) / calib.scale, fmt.rounding) + calib.zero
         lo, hi = fmt.code_range
         codes = _to_int_range(y, lo, hi, "saturate", x, "IntQuant")
-        return (codes + fmt._offset) & fmt.word_mask
+        return (codes + fmt.code_offset) & fmt.word_mask
     if isinstance(fmt, Float):
         if fmt.dtype == "float16":
             return to_f16(x).view(torch.int16).to(torch.int64) & 0xFFFF
@@ -286,7 +286,7 @@ def decode(words: torch.Tensor, fmt: Format, calib: Calibration | None, dtype: t
             raise ValueError("IntQuant needs a calibration (scale and zero point)")
         low = words & fmt.word_mask
         stored = sign_extend(low, fmt.bits) if fmt.codes == "signed" else low
-        q = stored - fmt._offset - calib.zero
+        q = stored - fmt.code_offset - calib.zero
         return f64_to(q.to(torch.float64) * calib.scale, dtype)
     if isinstance(fmt, Float):
         if fmt.dtype == "float16":

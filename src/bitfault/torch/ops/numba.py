@@ -188,7 +188,7 @@ def bind(fmt: FixedPoint | IntQuant, fault: FaultModel, index: np.ndarray, masks
         return fixed_point
     kernel = _kernels()["int"]
     channels = shape[0] if fmt.axis is not None and shape else 1
-    consts = (op, nearest, fmt.symmetric, float(lo), float(hi), fmt._offset, fmt.word_mask,
+    consts = (op, nearest, fmt.symmetric, float(lo), float(hi), fmt.code_offset, fmt.word_mask,
               shift, fmt.codes == "signed")
 
     def int_quant(x: np.ndarray, out: np.ndarray) -> bool:
