@@ -32,8 +32,8 @@ from bitfault.data import split_embedded_mnist
 from bitfault.models.torch import seed_mlp, small_cnn
 from bitfault.torch import TorchEvaluator
 
-F32 = bf.FaultSpec(format=bf.Float("float32"), ber=1e-3)
-SEED = bf.FaultSpec(format=bf.FixedPoint(32, 28, rounding="trunc"), ber=1e-3)
+F32 = bf.Memory(bf.Float("float32"), bf.BitFlip())
+SEED = bf.Memory(bf.FixedPoint(32, 28, rounding="trunc"), bf.BitFlip())
 TMP = Path(tempfile.mkdtemp(prefix="bench_campaign_"))
 _n = 0
 
@@ -176,15 +176,15 @@ def rate_bench(label, model, x, y, chips, repeats) -> float:
 class WholeTensorEvaluator(TorchEvaluator):
     """The baseline of ``patch_bench``: every faulty tensor computed whole and copied."""
 
-    def _patch_stored(self, name, fmap, spec) -> bool:
+    def _patch_stored(self, name, fmap, memory) -> bool:
         return False
 
 
 def patch_bench(model, x, y, chips, repeats) -> None:
-    specs = {"Float32": F32, "Float16": bf.FaultSpec(format=bf.Float("float16"), ber=1e-3),
-             "FixedPoint(16,12,wrap)": bf.FaultSpec(format=bf.FixedPoint(16, 12, overflow="wrap"),
-                                                    ber=1e-3)}
-    for label, spec in specs.items():
+    memories = {"Float32": F32, "Float16": bf.Memory(bf.Float("float16"), bf.BitFlip()),
+                "FixedPoint(16,12,wrap)": bf.Memory(bf.FixedPoint(16, 12, overflow="wrap"),
+                                                    bf.BitFlip())}
+    for label, memory in memories.items():
         ratios = []
         for r in range(repeats + 1):  # the first pair warms up and is not counted
             trials = rate_sweep([1e-3], chips, 30_000 * r)
@@ -192,7 +192,7 @@ def patch_bench(model, x, y, chips, repeats) -> None:
             for cls in ((TorchEvaluator, WholeTensorEvaluator) if r % 2 else
                         (WholeTensorEvaluator, TorchEvaluator)):
                 t = time.perf_counter()
-                res = run(cls(model, x, y), trials, spec, store(), batch=16)
+                res = run(cls(model, x, y), trials, memory, store(), batch=16)
                 times[cls] = time.perf_counter() - t
                 results[cls] = [rec.metrics for rec in res.records]
             assert results[TorchEvaluator] == results[WholeTensorEvaluator]

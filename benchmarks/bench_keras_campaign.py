@@ -37,27 +37,27 @@ from bitfault.models.keras import seed_mlp, small_cnn
 TMP = Path(tempfile.mkdtemp(prefix="bench_keras_campaign_"))
 
 
-def campaign(model, x, y, trials, spec, store, fast_paths: bool = True) -> float:
-    return timed_campaign(model, x, y, trials, spec, store, fast_paths)[0]
+def campaign(model, x, y, trials, memory, store, fast_paths: bool = True) -> float:
+    return timed_campaign(model, x, y, trials, memory, store, fast_paths)[0]
 
 
-def timed_campaign(model, x, y, trials, spec, store, fast_paths: bool) -> tuple[float, list]:
+def timed_campaign(model, x, y, trials, memory, store, fast_paths: bool) -> tuple[float, list]:
     t = time.perf_counter()
-    result = run(KerasEvaluator(model, x, y, fast_paths=fast_paths), trials, spec, store)
+    result = run(KerasEvaluator(model, x, y, fast_paths=fast_paths), trials, memory, store)
     dt = time.perf_counter() - t
     return dt, sorted((r.trial_key, r.metrics["correct"]) for r in result.records)
 
 
 def layer_sweep_bench(label: str, model, x, y, chips: int, repeats: int) -> None:
     """Fast paths (the model run from the faulty layer on) vs the whole model per trial."""
-    spec = bf.FaultSpec(format=bf.FixedPoint(32, 28, rounding="trunc"), ber=1e-3)
+    memory = bf.Memory(bf.FixedPoint(32, 28, rounding="trunc"), bf.BitFlip())
     names = list(KerasEvaluator(model, x[:1], y[:1]).tensor_shapes())
     ratios = []
     for r in range(repeats + 1):  # the first pair warms up and is not counted
         trials = layer_sweep([1e-3], chips, names, 20_000 * r)
         runs = {}
         for fast in ((True, False) if r % 2 else (False, True)):
-            runs[fast] = timed_campaign(model, x, y, trials, spec,
+            runs[fast] = timed_campaign(model, x, y, trials, memory,
                                         TMP / f"layers-{label}-{r}-{fast}.db", fast)
         assert runs[True][1] == runs[False][1], "fast paths changed a result"
         if r:
@@ -91,16 +91,16 @@ def main() -> None:
     print(f"tensorflow {tf.__version__}, keras {keras.__version__}; {args.chips} chips on "
           f"{len(x)} inputs, ber 1e-3; ratio = campaign time / {args.chips} clean inferences")
     for fmt in (bf.FixedPoint(32, 28, rounding="trunc"), bf.IntQuant(8)):
-        spec = bf.FaultSpec(format=fmt, ber=1e-3)
+        memory = bf.Memory(fmt, bf.BitFlip())
         ratios, per_chip, fixed, inference = [], [], [], []
         for r in range(args.repeats):
             trials = rate_sweep([1e-3], args.chips, 10_000 * r)  # new chips every run
             store = TMP / f"{type(fmt).__name__}{r}.db"
             if r % 2:
-                k, c = clean(), campaign(model, x, y, trials, spec, store)
+                k, c = clean(), campaign(model, x, y, trials, memory, store)
             else:
-                c, k = campaign(model, x, y, trials, spec, store), clean()
-            one = campaign(model, x, y, rate_sweep([1e-3], 1, 10_000 * r + 5_000), spec,
+                c, k = campaign(model, x, y, trials, memory, store), clean()
+            one = campaign(model, x, y, rate_sweep([1e-3], 1, 10_000 * r + 5_000), memory,
                            TMP / f"{type(fmt).__name__}{r}.one.db")
             ratios.append(c / k)
             per_chip.append((c - one) / (args.chips - 1))

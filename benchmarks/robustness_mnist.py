@@ -69,8 +69,8 @@ def recipes(w_max: float, p_train: float, start_below: float | None = 0.1
 def evaluate(model: torch.nn.Module, x: np.ndarray, y: np.ndarray, chips: int,
              store: Path) -> dict:
     evaluator = TorchEvaluator(model, x, y)
-    spec = bf.FaultSpec(format=FORMAT, ber=RATES[0])
-    result = run(evaluator, rate_sweep(RATES, chips, base_seed=1000), spec, store, batch=8)
+    memory = bf.Memory(FORMAT, bf.BitFlip())
+    result = run(evaluator, rate_sweep(RATES, chips, base_seed=1000), memory, store, batch=8)
     rows = {r["ber"]: r for r in result.summary("robust_error")}
     return {"clean_error": 1.0 - result.clean["accuracy"],
             "rates": {p: {k: rows[p][k] for k in ("mean", "std", "min", "max", "ci_low",

@@ -19,7 +19,7 @@ from bitfault.campaign import NumpyEvaluator, accuracy_metrics, rate_sweep, run
 from bitfault.data import split_embedded_mnist
 from conftest import forward
 
-SPEC = bf.FaultSpec(format=bf.IntQuant(8), ber=1e-3)
+MEMORY = bf.Memory(bf.IntQuant(8), bf.BitFlip())
 TRIALS = rate_sweep([1e-3, 1e-2, 5e-2], chips=4)
 
 
@@ -39,7 +39,7 @@ def main() -> None:
     with np.load(params_path) as data:
         params = {k: data[k] for k in data.files}
     evaluator = NumpyEvaluator(forward, params, x[:300], y[:300])
-    run(evaluator, TRIALS, SPEC, store, metric=metric, batch=3)
+    run(evaluator, TRIALS, MEMORY, store, metric=metric, batch=3)
 
 
 if __name__ == "__main__":

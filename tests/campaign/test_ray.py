@@ -17,7 +17,7 @@ ray = pytest.importorskip("ray")
 # Workers cannot import this test module: ship its functions and classes by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-SPEC = bf.FaultSpec(format=bf.IntQuant(8), ber=1e-3)
+MEMORY = bf.Memory(bf.IntQuant(8), bf.BitFlip())
 TRIALS = rate_sweep([1e-3, 1e-2, 5e-2], chips=4)
 
 
@@ -38,12 +38,12 @@ class DiesOnce(NumpyEvaluator):
 
     marker: str = ""
 
-    def predict(self, batch_of_maps, spec):
+    def predict(self, batch_of_maps, memory):
         if self.marker and batch_of_maps and not os.path.exists(self.marker) \
                 and os.getpid() != self.driver_pid:
             Path(self.marker).write_text("died once")
             os._exit(1)
-        return super().predict(batch_of_maps, spec)
+        return super().predict(batch_of_maps, memory)
 
 
 def _evaluator(mlp_params: dict[str, np.ndarray], cls: type = NumpyEvaluator) -> NumpyEvaluator:
@@ -59,8 +59,8 @@ def _metrics(result: bf.campaign.CampaignResult) -> dict[str, dict]:
 
 def test_ray_matches_local_and_survives_a_dead_worker(
         cluster: None, mlp_params: dict[str, np.ndarray], tmp_path: Path) -> None:
-    local = run(_evaluator(mlp_params), TRIALS, SPEC, tmp_path / "local.db", batch=3)
-    on_ray = run(_evaluator(mlp_params), TRIALS, SPEC, tmp_path / "ray.db", batch=3,
+    local = run(_evaluator(mlp_params), TRIALS, MEMORY, tmp_path / "local.db", batch=3)
+    on_ray = run(_evaluator(mlp_params), TRIALS, MEMORY, tmp_path / "ray.db", batch=3,
                  executor="ray")
     assert on_ray.ran == len(TRIALS)
     assert _metrics(on_ray) == _metrics(local)
@@ -68,7 +68,7 @@ def test_ray_matches_local_and_survives_a_dead_worker(
     dying = _evaluator(mlp_params, DiesOnce)
     dying.marker = str(tmp_path / "died")
     dying.driver_pid = os.getpid()
-    survived = run(dying, TRIALS, SPEC, tmp_path / "dying.db", batch=3, executor="ray")
+    survived = run(dying, TRIALS, MEMORY, tmp_path / "dying.db", batch=3, executor="ray")
     assert os.path.exists(tmp_path / "died")  # a worker really died mid-task
     assert _metrics(survived) == _metrics(local)
 
@@ -78,9 +78,9 @@ def test_ray_campaign_stops_early_and_cancels_the_rest(
     from bitfault.campaign import StopWhenPrecise, sampled_single_faults
 
     ev = _evaluator(mlp_params)
-    trials = sampled_single_faults(ev.tensor_shapes(), SPEC.format, size=400, seed=2)
+    trials = sampled_single_faults(ev.tensor_shapes(), MEMORY.format, size=400, seed=2)
     stop = StopWhenPrecise(margin=0.1, min_trials=40)
-    result = run(ev, trials, SPEC, tmp_path / "stop.db", batch=8, executor="ray", stop=stop)
+    result = run(ev, trials, MEMORY, tmp_path / "stop.db", batch=8, executor="ray", stop=stop)
     assert result.stopping["reached"] and result.ran < len(trials)
     assert len(result.records) == result.ran  # nothing after the stop reached the store
     lo, hi = result.stopping["interval"]
@@ -96,8 +96,8 @@ def test_framework_evaluators_on_ray_match_local(cluster: None, tmp_path: Path) 
 
     _, (x, y) = split_embedded_mnist()
     x, y = x[:200], y[:200]
-    specs = [bf.FaultSpec(format=bf.FixedPoint(32, 28), ber=1e-3),
-             bf.FaultSpec(format=bf.Float("float32"), ber=1e-3)]
+    memories = [bf.Memory(bf.FixedPoint(32, 28), bf.BitFlip()),
+                bf.Memory(bf.Float("float32"), bf.BitFlip())]
     evaluators = {}
     torch = pytest.importorskip("torch")
     from bitfault.models.torch import seed_mlp
@@ -115,9 +115,9 @@ def test_framework_evaluators_on_ray_match_local(cluster: None, tmp_path: Path) 
         evaluators["keras"] = lambda: KerasEvaluator(model, x, y)
     trials = rate_sweep([1e-3, 1e-2], chips=3) + layer_sweep([1e-2], 2, ["fc2.weight"])
     for name, make in evaluators.items():
-        for k, spec in enumerate(specs):
-            local = run(make(), trials, spec, tmp_path / f"{name}{k}-local.db", batch=2)
-            remote = run(make(), trials, spec, tmp_path / f"{name}{k}-ray.db", batch=2,
+        for k, memory in enumerate(memories):
+            local = run(make(), trials, memory, tmp_path / f"{name}{k}-local.db", batch=2)
+            remote = run(make(), trials, memory, tmp_path / f"{name}{k}-ray.db", batch=2,
                          executor="ray")
             assert remote.ran == len(trials)
-            assert _metrics(remote) == _metrics(local), (name, spec)
+            assert _metrics(remote) == _metrics(local), (name, memory)

@@ -23,7 +23,7 @@ from bitfault.campaign import (
     single_faults,
 )
 
-SPEC = bf.FaultSpec(format=bf.IntQuant(8), ber=1e-3)
+MEMORY = bf.Memory(bf.IntQuant(8), bf.BitFlip())
 HERE = Path(__file__).parent
 
 
@@ -32,7 +32,7 @@ def plain_accuracy(ev: NumpyEvaluator, maps: dict[str, bf.FaultMap]) -> float:
     params = dict(ev.params)
     for name, shape in ev.tensor_shapes().items():
         fmap = maps.get(name) or bf.FaultMap.from_mask(np.zeros(shape, np.uint32), name=name)
-        params[name] = bf.inject(ev.params[name], SPEC.format, SPEC.fault, fmap)
+        params[name] = bf.inject(ev.params[name], MEMORY.format, MEMORY.fault, fmap)
     with np.errstate(all="ignore"):
         logits = ev.forward(params, ev.x)
     return float(np.mean(np.argmax(np.nan_to_num(logits, nan=-np.inf), 1) == ev.labels))
@@ -40,12 +40,12 @@ def plain_accuracy(ev: NumpyEvaluator, maps: dict[str, bf.FaultMap]) -> float:
 
 def test_rate_sweep_equals_a_plain_loop(evaluator: NumpyEvaluator, tmp_path: Path) -> None:
     trials = rate_sweep([1e-3, 1e-2, 1e-1], chips=3)
-    result = run(evaluator, trials, SPEC, tmp_path / "c.db")
+    result = run(evaluator, trials, MEMORY, tmp_path / "c.db")
     assert result.ran == len(trials) and result.skipped == 0
     by_key = {r.trial_key: r for r in result.records}
     shapes = evaluator.tensor_shapes()
     for t in trials:
-        maps = {n: bf.FaultMap.random(s, SPEC.format, ber=t.ber, seed=t.chip, name=n)
+        maps = {n: bf.FaultMap.random(s, MEMORY.format, ber=t.ber, seed=t.chip, name=n)
                 for n, s in shapes.items()}
         assert by_key[t.key].metrics["accuracy"] == plain_accuracy(evaluator, maps)
     accs = [by_key[t.key].metrics["accuracy"] for t in trials]
@@ -56,15 +56,15 @@ def test_layer_bit_and_single_trials(evaluator: NumpyEvaluator, tmp_path: Path) 
     trials = (layer_sweep([1e-2], 2, ["fc1.weight", "fc2.weight"])
               + bit_sweep([1e-2], 2, [7, 0])
               + single_faults([("fc2.weight", 5, 7), ("fc2.weight", 5, 0)]))
-    result = run(evaluator, trials, SPEC, tmp_path / "c.db")
+    result = run(evaluator, trials, MEMORY, tmp_path / "c.db")
     got = {r.trial_key: r.metrics["accuracy"] for r in result.records}
     shapes = evaluator.tensor_shapes()
     for t in trials:
         if t.kind == "layer":
-            maps = {t.target: bf.FaultMap.random(shapes[t.target], SPEC.format, ber=t.ber,
+            maps = {t.target: bf.FaultMap.random(shapes[t.target], MEMORY.format, ber=t.ber,
                                                  seed=t.seed, name=t.target)}
         elif t.kind == "bit":
-            maps = {n: bf.FaultMap.random(s, SPEC.format, ber=t.ber, seed=t.seed, name=n,
+            maps = {n: bf.FaultMap.random(s, MEMORY.format, ber=t.ber, seed=t.seed, name=n,
                                           bits=t.bit) for n, s in shapes.items()}
         else:
             dense = np.zeros(shapes[t.target], np.uint32)
@@ -75,8 +75,8 @@ def test_layer_bit_and_single_trials(evaluator: NumpyEvaluator, tmp_path: Path) 
 
 def test_rerun_skips_everything(evaluator: NumpyEvaluator, tmp_path: Path) -> None:
     trials = rate_sweep([1e-2], chips=3)
-    first = run(evaluator, trials, SPEC, tmp_path / "c.db")
-    again = run(evaluator, trials, SPEC, tmp_path / "c.db")
+    first = run(evaluator, trials, MEMORY, tmp_path / "c.db")
+    again = run(evaluator, trials, MEMORY, tmp_path / "c.db")
     assert (again.ran, again.skipped) == (0, 3)
     assert [r.metrics for r in again.records] == [r.metrics for r in first.records]
 
@@ -114,7 +114,7 @@ def test_sigkill_then_resume_gives_the_uninterrupted_result(
 
 def test_bad_input(evaluator: NumpyEvaluator, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="trials must not be empty"):
-        run(evaluator, [], SPEC, tmp_path / "a.db")
+        run(evaluator, [], MEMORY, tmp_path / "a.db")
     with pytest.raises(ValueError, match="bers"):
         rate_sweep([2.0], chips=2)
     with pytest.raises(ValueError, match="chips"):
@@ -124,23 +124,23 @@ def test_bad_input(evaluator: NumpyEvaluator, tmp_path: Path) -> None:
         raise ZeroDivisionError("boom")
 
     with pytest.raises(RuntimeError, match="metric 'broken' raised on clean run"):
-        run(evaluator, rate_sweep([1e-2], 1), SPEC, tmp_path / "b.db", metric=broken)
+        run(evaluator, rate_sweep([1e-2], 1), MEMORY, tmp_path / "b.db", metric=broken)
 
-    run(evaluator, rate_sweep([1e-2], 2), SPEC, tmp_path / "c.db")
+    run(evaluator, rate_sweep([1e-2], 2), MEMORY, tmp_path / "c.db")
     with pytest.raises(StoreError, match="different campaign"):
-        run(evaluator, rate_sweep([1e-2], 3), SPEC, tmp_path / "c.db")
-    more = run(evaluator, rate_sweep([1e-2], 3), SPEC, tmp_path / "c.db", append=True)
+        run(evaluator, rate_sweep([1e-2], 3), MEMORY, tmp_path / "c.db")
+    more = run(evaluator, rate_sweep([1e-2], 3), MEMORY, tmp_path / "c.db", append=True)
     assert (more.ran, more.skipped) == (1, 2)
 
     not_sqlite = tmp_path / "notes.txt"
     not_sqlite.write_text("my notes, not a database\n")
     with pytest.raises(StoreError, match="not an SQLite database"):
-        run(evaluator, rate_sweep([1e-2], 1), SPEC, not_sqlite)
+        run(evaluator, rate_sweep([1e-2], 1), MEMORY, not_sqlite)
     assert not_sqlite.read_text() == "my notes, not a database\n"
 
 
 def test_store_exports(evaluator: NumpyEvaluator, tmp_path: Path) -> None:
-    run(evaluator, rate_sweep([1e-2], 2), SPEC, tmp_path / "c.db")
+    run(evaluator, rate_sweep([1e-2], 2), MEMORY, tmp_path / "c.db")
     digest = sqlite3.connect(tmp_path / "c.db").execute(
         "SELECT value FROM campaign WHERE key='digest'").fetchone()[0]
     with CampaignStore(tmp_path / "c.db", digest) as store:
@@ -153,7 +153,7 @@ def test_store_exports(evaluator: NumpyEvaluator, tmp_path: Path) -> None:
 
 
 def test_summary_across_chips(evaluator: NumpyEvaluator, tmp_path: Path) -> None:
-    result = run(evaluator, rate_sweep([1e-3, 1e-1], chips=4), SPEC, tmp_path / "c.db")
+    result = run(evaluator, rate_sweep([1e-3, 1e-1], chips=4), MEMORY, tmp_path / "c.db")
     rows = result.summary("accuracy")
     assert [(r["kind"], r["ber"], r["n"]) for r in rows] == [("rate", 1e-3, 4), ("rate", 0.1, 4)]
     accs = [r.metrics["accuracy"] for r in result.records if r.ber == 0.1]

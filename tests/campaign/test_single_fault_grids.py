@@ -17,7 +17,7 @@ from bitfault.campaign import (
 )
 from bitfault.stats import fault_injection_sample_size, wilson_interval
 
-SPEC = bf.FaultSpec(format=bf.IntQuant(8), ber=1e-3)
+MEMORY = bf.Memory(bf.IntQuant(8), bf.BitFlip())
 SHAPES = {"fc1.weight": (4, 5), "fc2.weight": (3,)}
 
 
@@ -83,9 +83,9 @@ def test_stop_rule_bad_input(kwargs, match):
 def test_sequential_stopping_ends_early_and_resumes(evaluator: NumpyEvaluator,
                                                    tmp_path: Path) -> None:
     shapes = evaluator.tensor_shapes()
-    trials = sampled_single_faults(shapes, SPEC.format, margin=0.05, seed=0)
+    trials = sampled_single_faults(shapes, MEMORY.format, margin=0.05, seed=0)
     stop = StopWhenPrecise(margin=0.05, min_trials=40)
-    result = run(evaluator, trials, SPEC, tmp_path / "s.db", batch=16, stop=stop)
+    result = run(evaluator, trials, MEMORY, tmp_path / "s.db", batch=16, stop=stop)
     est = result.stopping
     assert est["reached"] and 40 <= result.ran < len(trials)
     lo, hi = est["interval"]
@@ -100,45 +100,45 @@ def test_sequential_stopping_ends_early_and_resumes(evaluator: NumpyEvaluator,
             if r.trial_key in {t.key for t in trials[:result.ran - 16]})
     a, b = wilson_interval(k, result.ran - 16)
     assert result.ran - 16 < 40 or (b - a) / 2 > 0.05
-    again = run(evaluator, trials, SPEC, tmp_path / "s.db", batch=16, stop=stop)
+    again = run(evaluator, trials, MEMORY, tmp_path / "s.db", batch=16, stop=stop)
     assert again.ran == 0 and again.stopping == est and len(again.records) == result.ran
-    whole = run(evaluator, trials, SPEC, tmp_path / "s.db", batch=16)  # no stop: the rest
+    whole = run(evaluator, trials, MEMORY, tmp_path / "s.db", batch=16)  # no stop: the rest
     assert whole.ran == len(trials) - result.ran and len(whole.records) == len(trials)
 
 
 def test_custom_failure_and_a_metric_without_robust_error(evaluator: NumpyEvaluator,
                                                           tmp_path: Path) -> None:
-    trials = sampled_single_faults(evaluator.tensor_shapes(), SPEC.format, size=64, seed=1)
+    trials = sampled_single_faults(evaluator.tensor_shapes(), MEMORY.format, size=64, seed=1)
 
     def accuracy_only(labels, clean, faulty):
         return {"accuracy": float(np.mean(faulty == labels))}
 
     with pytest.raises(ValueError, match="no 'robust_error'.*failure="):
-        run(evaluator, trials, SPEC, tmp_path / "a.db", metric=accuracy_only,
+        run(evaluator, trials, MEMORY, tmp_path / "a.db", metric=accuracy_only,
             stop=StopWhenPrecise(margin=0.2))
     assert not (tmp_path / "a.db").exists()  # refused before the store was made
     never = StopWhenPrecise(margin=0.2, min_trials=10, failure=lambda m, c: False)
-    result = run(evaluator, trials, SPEC, tmp_path / "a.db", metric=accuracy_only, batch=8,
+    result = run(evaluator, trials, MEMORY, tmp_path / "a.db", metric=accuracy_only, batch=8,
                  stop=never)
     assert result.stopping["failures"] == 0 and result.ran == 16  # [0, 0.21] at 16: narrow
 
 
 def test_progress_true_draws_a_bar(evaluator: NumpyEvaluator, tmp_path: Path, capsys) -> None:
     pytest.importorskip("tqdm")
-    trials = exhaustive_single_faults(evaluator.tensor_shapes(), SPEC.format, bits=[7])[:20]
-    run(evaluator, trials, SPEC, tmp_path / "p.db", batch=5, progress=True)
+    trials = exhaustive_single_faults(evaluator.tensor_shapes(), MEMORY.format, bits=[7])[:20]
+    run(evaluator, trials, MEMORY, tmp_path / "p.db", batch=5, progress=True)
     err = capsys.readouterr().err
     assert "campaign" in err and "20/20" in err
     with pytest.raises(TypeError, match="progress must be"):
-        run(evaluator, trials, SPEC, tmp_path / "p.db", progress="yes")
+        run(evaluator, trials, MEMORY, tmp_path / "p.db", progress="yes")
 
 
 def test_bit_sweep_by_field_name(evaluator: NumpyEvaluator, tmp_path: Path) -> None:
     """A field ("sign": the MSB of IntQuant's signed codes) is a bit sweep like a position."""
     from bitfault.campaign import bit_sweep
 
-    by_name = run(evaluator, bit_sweep([5e-2], 2, ["sign"]), SPEC, tmp_path / "n.db")
-    by_pos = run(evaluator, bit_sweep([5e-2], 2, [7]), SPEC, tmp_path / "p.db")
+    by_name = run(evaluator, bit_sweep([5e-2], 2, ["sign"]), MEMORY, tmp_path / "n.db")
+    by_pos = run(evaluator, bit_sweep([5e-2], 2, [7]), MEMORY, tmp_path / "p.db")
     assert [r.bit for r in by_name.records] == ["sign", "sign"]
     assert [r.metrics for r in by_name.records] == [r.metrics for r in by_pos.records]
     assert [r.map_digest for r in by_name.records] == [r.map_digest for r in by_pos.records]
@@ -163,7 +163,7 @@ def test_trials_are_checked_against_format_and_shapes_first(
               "single_bit": single_faults([("fc2.bias", 0, 8)]),
               "single_element": single_faults([("fc2.bias", 10, 0)])}[trial]
     with pytest.raises(ValueError, match=match):
-        run(evaluator, trials, SPEC, tmp_path / "x.db")
+        run(evaluator, trials, MEMORY, tmp_path / "x.db")
     assert not (tmp_path / "x.db").exists()
     with pytest.raises(ValueError, match="needs a target"):
-        run(evaluator, [Trial("single", bit=0, element=0)], SPEC, tmp_path / "x.db")
+        run(evaluator, [Trial("single", bit=0, element=0)], MEMORY, tmp_path / "x.db")

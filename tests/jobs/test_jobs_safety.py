@@ -71,9 +71,9 @@ def test_train_refuses_a_folder_of_other_things(tiny_run: Path, tmp_path: Path) 
 def test_a_different_campaign_is_refused_then_moved_aside(tiny_run: Path) -> None:
     run_campaign(tiny_run)
     before = snapshot(tiny_run)
-    for change, what in (({"seed": 6}, r"the spec's seed \(campaign.seed\)"),
+    for change, what in (({"seed": 6}, r"the chips' seeds \(campaign.seed\)"),
                          ({"fault": {"kind": "stuck_at", "value": 1}},
-                          r"the spec's fault \(campaign.fault\)"),
+                          r"the memory's fault \(campaign.fault\)"),
                          ({"targets": ["fc1.weight"]}, "the model")):
         with pytest.raises(ValueError, match=f"int8.sqlite: holds trials of another campaign "
                                              f"\\(it differs in {what}.*--replace-store"):

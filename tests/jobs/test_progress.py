@@ -14,7 +14,7 @@ import bitfault as bf
 from bitfault.campaign import NumpyEvaluator, StopWhenPrecise, rate_sweep, run
 from bitfault.jobs.progress import Reporter
 
-SPEC = bf.FaultSpec(format=bf.IntQuant(8), ber=1e-3)
+MEMORY = bf.Memory(bf.IntQuant(8), bf.BitFlip())
 
 
 def lines(stream: io.StringIO) -> list[str]:
@@ -60,9 +60,9 @@ def evaluator() -> NumpyEvaluator:
 
 def test_a_resumed_campaign_counts_the_stored_trials(evaluator: NumpyEvaluator,
                                                      tmp_path: Path) -> None:
-    run(evaluator, rate_sweep([1e-2], 3), SPEC, tmp_path / "c.db")
+    run(evaluator, rate_sweep([1e-2], 3), MEMORY, tmp_path / "c.db")
     calls: list[tuple[int, int]] = []
-    result = run(evaluator, rate_sweep([1e-2, 5e-2], 3), SPEC, tmp_path / "c.db", batch=2,
+    result = run(evaluator, rate_sweep([1e-2, 5e-2], 3), MEMORY, tmp_path / "c.db", batch=2,
                  append=True, progress=lambda done, total: calls.append((done, total)))
     assert (result.ran, result.skipped) == (3, 3)
     assert calls == [(3, 6), (5, 6), (6, 6)]
@@ -72,13 +72,13 @@ def test_a_bar_says_when_stop_ended_the_campaign(evaluator: NumpyEvaluator, tmp_
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("tqdm")
     stop = StopWhenPrecise(margin=0.3, min_trials=4, failure=lambda m, c: False)
-    result = run(evaluator, rate_sweep([1e-2], 40), SPEC, tmp_path / "s.db", batch=4,
+    result = run(evaluator, rate_sweep([1e-2], 40), MEMORY, tmp_path / "s.db", batch=4,
                  progress=True, stop=stop)
     assert result.ran < 40
     err = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
     assert f"{result.ran}/40" in err and "stopped early: failure share 0.000 +/- " in err
     assert f"after {result.ran} trials" in err
-    run(evaluator, rate_sweep([1e-2], 40), SPEC, tmp_path / "s.db", progress=True, stop=stop)
+    run(evaluator, rate_sweep([1e-2], 40), MEMORY, tmp_path / "s.db", progress=True, stop=stop)
     err = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
     assert f"{result.ran}/40" in err and f"{result.ran} done before" in err
 

@@ -39,10 +39,10 @@ def test_campaign_equals_adapter_injection(trained, fmt, tmp_path: Path) -> None
     spec = bf.FaultSpec(format=fmt, ber=1e-3)
     trials = (rate_sweep([1e-3, 1e-2], 2) + layer_sweep([1e-1], 1, ["fc2.weight"])
               + bit_sweep([1e-2], 1, [fmt.bits - 1]))
-    result = run(ev, trials, spec, tmp_path / "k.db")
+    result = run(ev, trials, spec.memory, tmp_path / "k.db")
     got = {r.trial_key: r.metrics["correct"] for r in result.records}
     for t in trials:
-        maps = trial_maps(t, spec, ev.tensor_shapes())
+        maps = trial_maps(t, spec.memory, ev.tensor_shapes())
         fmodel = bk.inject(model, spec.replace(maps=maps))
         pred = np.argmax(np.nan_to_num(fmodel.predict(x, verbose=0), nan=-np.inf), axis=1)
         assert got[t.key] == int(np.sum(pred == y)), t.key
@@ -56,7 +56,7 @@ def test_bad_input(trained) -> None:
     with pytest.raises(ValueError, match=r"unknown tensor\(s\) \['fc9.weight'\]"):
         KerasEvaluator(model, x, y, targets=["fc9.weight"])
     with pytest.raises(ValueError, match="chose no tensor"):
-        KerasEvaluator(model, x, y, filter_fn=lambda layer, path: False)
+        KerasEvaluator(model, x, y, targets=lambda layer, path: False)
     for bad in (-1, 1.5, "1GB", True):
         with pytest.raises(ValueError, match="max_bytes must be a non-negative integer"):
             KerasEvaluator(model, x, y, max_bytes=bad)
@@ -72,8 +72,8 @@ def test_reused_and_pickled_evaluator_gives_the_same_predictions(trained) -> Non
     model, x, y = trained
     ev = KerasEvaluator(model, x, y)
     shapes = ev.tensor_shapes()
-    fixed = bf.FaultSpec(format=bf.FixedPoint(32, 28), ber=1e-2)
-    int8 = bf.FaultSpec(format=bf.IntQuant(8), ber=1e-2)
+    fixed = bf.Memory(bf.FixedPoint(32, 28), bf.BitFlip())
+    int8 = bf.Memory(bf.IntQuant(8), bf.BitFlip())
     trials = rate_sweep([1e-2], 2) + layer_sweep([1e-2], 1, ["fc3.weight"])
     maps = [trial_maps(t, fixed, shapes) for t in trials]
     first = ev.predict(maps, fixed)
@@ -102,20 +102,20 @@ def test_layer_shortcut_and_golden_cache_equal_whole_model_runs(trained, model_k
     fast = KerasEvaluator(model, x, y, batch_size=64)
     slow = KerasEvaluator(model, x, y, batch_size=64, fast_paths=False)
     shapes = fast.tensor_shapes()
-    for spec in (bf.FaultSpec(format=bf.FixedPoint(32, 28), ber=1e-2),
-                 bf.FaultSpec(format=bf.IntQuant(8), ber=1e-2)):
+    for memory in (bf.Memory(bf.FixedPoint(32, 28), bf.BitFlip()),
+                   bf.Memory(bf.IntQuant(8), bf.BitFlip())):
         trials = (layer_sweep([1e-2, 5e-2], 2, list(shapes)) + rate_sweep([1e-2], 2)
                   + rate_sweep([0.0], 1))
-        maps = [trial_maps(t, spec, shapes) for t in trials]
-        for a, b in zip(fast.predict(maps, spec), slow.predict(maps, spec), strict=True):
+        maps = [trial_maps(t, memory, shapes) for t in trials]
+        for a, b in zip(fast.predict(maps, memory), slow.predict(maps, memory), strict=True):
             assert np.array_equal(a, b)
     assert len(fast._golden._runs) == 2 and any(fast._inputs._values.values())  # the shortcuts ran
     assert fast._tails[list(shapes)[-1]] is not None  # the first layer has nothing before it
     small = KerasEvaluator(model, x, y, batch_size=64, max_bytes=0)
-    spec = bf.FaultSpec(format=bf.FixedPoint(32, 28), ber=1e-2)
-    maps = [trial_maps(t, spec, shapes) for t in layer_sweep([1e-2], 1, list(shapes))]
-    assert all(np.array_equal(a, b) for a, b in zip(small.predict(maps, spec),
-                                                     slow.predict(maps, spec), strict=True))
+    memory = bf.Memory(bf.FixedPoint(32, 28), bf.BitFlip())
+    maps = [trial_maps(t, memory, shapes) for t in layer_sweep([1e-2], 1, list(shapes))]
+    assert all(np.array_equal(a, b) for a, b in zip(small.predict(maps, memory),
+                                                     slow.predict(maps, memory), strict=True))
     assert not any(small._inputs._values.values())  # over max_bytes: nothing cached
 
 
@@ -133,8 +133,8 @@ def test_layers_inside_a_nested_model_run_the_whole_model(trained) -> None:
     fast, slow = KerasEvaluator(model, x, y), KerasEvaluator(model, x, y, fast_paths=False)
     shapes = fast.tensor_shapes()
     assert set(shapes) == {"block.inner.weight", "head.weight"}
-    spec = bf.FaultSpec(format=bf.FixedPoint(32, 28), ber=1e-2)
-    maps = [trial_maps(t, spec, shapes) for t in layer_sweep([1e-2], 2, list(shapes))]
-    for a, b in zip(fast.predict(maps, spec), slow.predict(maps, spec), strict=True):
+    memory = bf.Memory(bf.FixedPoint(32, 28), bf.BitFlip())
+    maps = [trial_maps(t, memory, shapes) for t in layer_sweep([1e-2], 2, list(shapes))]
+    for a, b in zip(fast.predict(maps, memory), slow.predict(maps, memory), strict=True):
         assert np.array_equal(a, b)
     assert fast._tails["block.inner.weight"] is None  # inside the nested model: no split

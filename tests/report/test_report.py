@@ -46,10 +46,10 @@ def test_report_from_a_campaign(tmp_path: Path) -> None:
     rows = {}
     for label, fmt in (("IntQuant(8)", bf.IntQuant(8)), ("FixedPoint(16,12)",
                                                          bf.FixedPoint(16, 12))):
-        spec = bf.FaultSpec(format=fmt, ber=1e-3)
+        memory = bf.Memory(fmt, bf.BitFlip())
         trials = (rate_sweep([1e-3, 1e-2, 1e-1], 3) + layer_sweep([1e-2], 2, ["fc.weight"])
                   + bit_sweep([1e-2], 2, [0, fmt.bits - 1]))
-        rows[label] = run(ev, trials, spec, tmp_path / f"{label}.db")
+        rows[label] = run(ev, trials, memory, tmp_path / f"{label}.db")
     out = build_report(
         tmp_path / "report",
         {k: [r for r in v.summary() if r["kind"] == "rate"] for k, v in rows.items()},

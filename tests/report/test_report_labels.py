@@ -141,7 +141,7 @@ def test_campaign_summary_interval_of_accuracy_stays_in_bounds(tmp_path: Path) -
 
     ev = NumpyEvaluator(lambda p, v: v @ p["w"], {"w": np.eye(4, 3, dtype=np.float32)},
                         np.eye(4, dtype=np.float32), np.array([0, 1, 2, 0]))
-    result = run(ev, rate_sweep([0.5], 3), bf.FaultSpec(format=bf.IntQuant(8), ber=0.5),
+    result = run(ev, rate_sweep([0.5], 3), bf.Memory(bf.IntQuant(8), bf.BitFlip()),
                  tmp_path / "s.db")
     result.records = [dataclasses.replace(r, metrics={**r.metrics, "accuracy": a})
                       for r, a in zip(result.records, [0.0, 0.02, 0.11], strict=True)]

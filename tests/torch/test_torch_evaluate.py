@@ -32,8 +32,8 @@ from bitfault.torch import TorchEvaluator, inject, inject_  # noqa: E402
 from bitfault.torch.evaluate import _Patched  # noqa: E402
 
 SEED_FORMAT = bf.FixedPoint(32, 28, rounding="trunc")
-INT8 = bf.FaultSpec(format=bf.IntQuant(8), ber=1e-3)
-FIXED = bf.FaultSpec(format=SEED_FORMAT, ber=1e-3)
+INT8 = bf.Memory(bf.IntQuant(8), bf.BitFlip())
+FIXED = bf.Memory(SEED_FORMAT, bf.BitFlip())
 
 
 def _train(model: torch.nn.Module, steps: int, lr: float) -> torch.nn.Module:
@@ -65,12 +65,12 @@ def cnn() -> torch.nn.Module:
     return _train(small_cnn((4, 8)), steps=30, lr=0.05)
 
 
-def reference(model: torch.nn.Module, x: np.ndarray, spec: bf.FaultSpec,
+def reference(model: torch.nn.Module, x: np.ndarray, memory: bf.Memory,
               maps: dict[str, bf.FaultMap]) -> np.ndarray:
     """The plain loop: inject_ the maps (every other weight stored in the format), forward."""
-    handle = inject_(model, bf.FaultSpec(format=spec.format, fault=spec.fault,
+    handle = inject_(model, bf.FaultSpec(format=memory.format, fault=memory.fault,
                                          maps=maps or None) if maps else
-                     bf.FaultSpec(format=spec.format, fault=spec.fault, count=0))
+                     bf.FaultSpec(format=memory.format, fault=memory.fault, count=0))
     try:
         with torch.no_grad():
             logits = model(torch.from_numpy(x)).double()
@@ -79,19 +79,19 @@ def reference(model: torch.nn.Module, x: np.ndarray, spec: bf.FaultSpec,
     return torch.where(torch.isnan(logits), -torch.inf, logits).argmax(1).numpy()
 
 
-def check_campaign(model: torch.nn.Module, data: tuple, trials: list, spec: bf.FaultSpec,
+def check_campaign(model: torch.nn.Module, data: tuple, trials: list, memory: bf.Memory,
                    store: Path) -> list[float]:
     x, y = data
     ev = TorchEvaluator(model, x, y)
-    result = run(ev, trials, spec, store)
+    result = run(ev, trials, memory, store)
     got = {r.trial_key: r.metrics for r in result.records}
     shapes = ev.tensor_shapes()
     accs = []
     for t in trials:
-        pred = reference(model, x, spec, trial_maps(t, spec, shapes))
+        pred = reference(model, x, memory, trial_maps(t, memory, shapes))
         assert got[t.key]["correct"] == int(np.sum(pred == y)), t.key
         accs.append(got[t.key]["accuracy"])
-    clean = reference(model, x, spec, {})
+    clean = reference(model, x, memory, {})
     assert result.clean["correct"] == int(np.sum(clean == y))
     return accs
 
@@ -110,30 +110,30 @@ def test_layer_and_bit_sweeps_equal_a_plain_loop(mlp, cnn, data, tmp_path: Path)
                    FIXED, tmp_path / "b.db")
 
 
-def brute_force(ev: TorchEvaluator, spec: bf.FaultSpec, name: str, element: int,
+def brute_force(ev: TorchEvaluator, memory: bf.Memory, name: str, element: int,
                 bit: int) -> np.ndarray:
     """One fault, injected into the whole tensor with bitfault.torch.inject; full forward."""
     from torch.func import functional_call
 
-    params = dict(ev.stored(spec))
+    params = dict(ev.stored(memory))
     shape = tuple(ev.tensor_shapes()[name])
     fmap = bf.FaultMap(shape, np.array([element]), np.array([1 << bit], np.uint32), name)
-    params[name] = inject(ev._clean[name], spec.format, spec.fault, fmap)
+    params[name] = inject(ev._clean[name], memory.format, memory.fault, fmap)
     with torch.no_grad():
         logits = functional_call(ev.model, params, (ev.x,)).double()
     return torch.where(torch.isnan(logits), -torch.inf, logits).argmax(1).numpy()
 
 
-@pytest.mark.parametrize("spec", [FIXED, INT8], ids=["fixed32", "int8"])
-def test_single_fault_shortcut_equals_brute_force_for_every_fault(mlp, data, spec) -> None:
+@pytest.mark.parametrize("memory", [FIXED, INT8], ids=["fixed32", "int8"])
+def test_single_fault_shortcut_equals_brute_force_for_every_fault(mlp, data, memory) -> None:
     ev = TorchEvaluator(mlp, *data)
     name = "fc2.weight"  # 16 x 16: every element, every bit
-    bits = spec.format.bits
+    bits = memory.format.bits
     faults = [(name, e, b) for e in range(16 * 16) for b in range(bits)]
     shapes = ev.tensor_shapes()
-    maps = [trial_maps(t, spec, shapes) for t in single_faults(faults)]
-    fast = ev.predict(maps, spec)
-    slow = [brute_force(ev, spec, n, e, b) for n, e, b in faults]
+    maps = [trial_maps(t, memory, shapes) for t in single_faults(faults)]
+    fast = ev.predict(maps, memory)
+    slow = [brute_force(ev, memory, n, e, b) for n, e, b in faults]
     wrong = [f for f, a, b in zip(faults, fast, slow, strict=True) if not np.array_equal(a, b)]
     assert not wrong, f"{len(wrong)} of {len(faults)} faults differ, e.g. {wrong[:5]}"
     accs = [np.mean(p == data[1]) for p in fast]
@@ -233,19 +233,19 @@ def test_patched_replica_tracks_what_it_holds(mlp, data) -> None:
     x, _ = data
     ev = TorchEvaluator(mlp, x[:100], data[1][:100])
     shapes = ev.tensor_shapes()
-    f32 = bf.FaultSpec(format=bf.Float("float32"), ber=1e-3)
-    f16 = bf.FaultSpec(format=bf.Float("float16"), ber=1e-3, fault=bf.StuckAt(1))
-    wrap = bf.FaultSpec(format=bf.FixedPoint(16, 12, overflow="wrap"), ber=1e-3)
+    f32 = bf.Memory(bf.Float("float32"), bf.BitFlip())
+    f16 = bf.Memory(bf.Float("float16"), bf.StuckAt(1))
+    wrap = bf.Memory(bf.FixedPoint(16, 12, overflow="wrap"), bf.BitFlip())
     sequence = [(f32, 1e-3, 0), (f32, 2e-3, 1), (f32, 0.05, 2), (f32, 1e-3, 3), (f32, 0.0, 4),
                 (f32, 1e-3, 5), (f16, 1e-3, 6), (f32, 1e-3, 7), (wrap, 1e-2, 8),
                 (FIXED, 1e-3, 9), (wrap, 1e-2, 10), (f32, 1e-3, 11)]
-    for k, (spec, ber, seed) in enumerate(sequence):
-        maps = {n: bf.FaultMap.random(s, spec.format, ber=ber, seed=seed, name=n)
+    for k, (memory, ber, seed) in enumerate(sequence):
+        maps = {n: bf.FaultMap.random(s, memory.format, ber=ber, seed=seed, name=n)
                 for n, s in shapes.items()}
         if seed == 5:  # faults in one tensor: the others hold their stored values again
             maps = {"fc2.weight": maps["fc2.weight"]}
         if k == 9:
             ev = pickle.loads(pickle.dumps(ev))  # as Ray ships it
-        got, = ev.predict([maps], spec)
-        assert np.array_equal(got, reference(mlp, x[:100], spec, maps)), (spec, ber, seed)
+        got, = ev.predict([maps], memory)
+        assert np.array_equal(got, reference(mlp, x[:100], memory, maps)), (memory, ber, seed)
     assert any(isinstance(ev._loaded.get(n), _Patched) for n in shapes)  # the patch path ran

@@ -2,8 +2,8 @@
 
 The ``Evaluator`` protocol, ``NumpyEvaluator`` (a NumPy forward function), and the
 framework-free caches and helpers that the adapters' evaluators (``TorchEvaluator``,
-``KerasEvaluator``) share: keys per format and fault model, golden runs, a byte-bounded
-cache, digests and predicted labels.
+``KerasEvaluator``) share: keys per memory (format and fault model), golden runs, a
+byte-bounded cache, digests and predicted labels.
 """
 
 from __future__ import annotations
@@ -18,21 +18,22 @@ import numpy as np
 from bitfault.formats import FixedPoint, Float
 from bitfault.inject import inject
 from bitfault.maps import FaultMap
-from bitfault.spec import FaultSpec
+from bitfault.memory import Memory
 
 Maps = dict[str, FaultMap]
-SpecKey = tuple[str, str]
+MemoryKey = tuple[str, str]
 T = TypeVar("T")
 
 
 class Evaluator(Protocol):
-    """What the engine needs from a model + dataset."""
+    """What the engine needs from a model + dataset: predictions per set of fault maps,
+    every tensor stored in ``memory`` (its format, faulted by its fault model)."""
 
     labels: np.ndarray
 
     def tensor_shapes(self) -> dict[str, tuple[int, ...]]: ...
 
-    def predict(self, batch_of_maps: Sequence[Maps], spec: FaultSpec) -> list[np.ndarray]: ...
+    def predict(self, batch_of_maps: Sequence[Maps], memory: Memory) -> list[np.ndarray]: ...
 
     def model_digest(self) -> str: ...
 
@@ -71,13 +72,13 @@ class NumpyEvaluator:
         names = self.targets if self.targets is not None else list(self.params)
         return {n: tuple(np.shape(self.params[n])) for n in names}
 
-    def predict(self, batch_of_maps: Sequence[Maps], spec: FaultSpec) -> list[np.ndarray]:
+    def predict(self, batch_of_maps: Sequence[Maps], memory: Memory) -> list[np.ndarray]:
         out = []
         for maps in batch_of_maps:
             params = dict(self.params)
             for name, fmap in maps.items():
-                params[name] = inject(np.asarray(self.params[name]), spec.format, spec.fault,
-                                      fmap)
+                params[name] = inject(np.asarray(self.params[name]), memory.format,
+                                      memory.fault, fmap)
             with np.errstate(all="ignore"):
                 logits = self.forward(params, self.x)
             out.append(predicted_labels(logits))
@@ -98,36 +99,36 @@ def check_max_bytes(max_bytes: Any) -> int:
     return int(max_bytes)
 
 
-def spec_key(spec: FaultSpec) -> SpecKey:
-    """The caches' key for a spec's format and fault model: their reprs (``==`` would
-    equate ``per_channel=True`` and ``per_channel=1``)."""
-    return (repr(spec.format), repr(spec.fault))
+def memory_key(memory: Memory) -> MemoryKey:
+    """The caches' key for a memory's format and fault model: their reprs (a Memory's
+    ``==`` and hash would equate ``per_channel=True``, axis 0, and ``per_channel=1``)."""
+    return (repr(memory.format), repr(memory.fault))
 
 
-class SpecKeys:
-    """``spec_key`` remembered per spec object (a campaign passes the same spec to every
-    call), for evaluators that look it up on every trial."""
+class MemoryKeys:
+    """``memory_key`` remembered per Memory object (a campaign passes the same memory to
+    every call), for evaluators that look it up on every trial."""
 
     def __init__(self) -> None:
-        self._keys: dict[int, tuple[FaultSpec, SpecKey]] = {}
+        self._keys: dict[int, tuple[Memory, MemoryKey]] = {}
 
-    def __call__(self, spec: FaultSpec) -> SpecKey:
-        hit = self._keys.get(id(spec))
-        if hit is None or hit[0] is not spec:
+    def __call__(self, memory: Memory) -> MemoryKey:
+        hit = self._keys.get(id(memory))
+        if hit is None or hit[0] is not memory:
             if len(self._keys) > 64:
                 self._keys.clear()
-            hit = self._keys[id(spec)] = (spec, spec_key(spec))
+            hit = self._keys[id(memory)] = (memory, memory_key(memory))
         return hit[1]
 
 
 class GoldenRuns:
-    """The golden (fault-free) predictions, computed once per format and fault model; every
-    call returns a copy, so a caller may write into it."""
+    """The golden (fault-free) predictions, computed once per memory (format and fault
+    model); every call returns a copy, so a caller may write into it."""
 
     def __init__(self) -> None:
-        self._runs: dict[SpecKey, np.ndarray] = {}
+        self._runs: dict[MemoryKey, np.ndarray] = {}
 
-    def get(self, key: SpecKey, compute: Callable[[], np.ndarray]) -> np.ndarray:
+    def get(self, key: MemoryKey, compute: Callable[[], np.ndarray]) -> np.ndarray:
         if key not in self._runs:
             self._runs[key] = compute()
         return self._runs[key].copy()
@@ -170,6 +171,6 @@ def gathered_map(fmap: FaultMap) -> FaultMap:
     return FaultMap((n,), np.arange(n, dtype=np.int64), fmap.masks, fmap.name)
 
 
-__all__ = ["BoundedCache", "Evaluator", "GoldenRuns", "Maps", "NumpyEvaluator", "SpecKey",
-           "SpecKeys", "check_max_bytes", "digest_arrays", "gathered_map",
-           "patch_faulty_elements", "predicted_labels", "spec_key", "stores_elementwise"]
+__all__ = ["BoundedCache", "Evaluator", "GoldenRuns", "Maps", "MemoryKey", "MemoryKeys",
+           "NumpyEvaluator", "check_max_bytes", "digest_arrays", "gathered_map", "memory_key",
+           "patch_faulty_elements", "predicted_labels", "stores_elementwise"]

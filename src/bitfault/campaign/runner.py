@@ -3,8 +3,11 @@
 The engine is framework-free: it talks to an *evaluator* that knows the model,
 the data and the tensors that can be faulted, and returns predictions for a list
 of fault-map sets (as many per call as it can vectorise): the ``Evaluator``
-protocol of ``bitfault.campaign.evaluator``. Trials run here (``executor="local"``)
-or as Ray tasks (``executor="ray"``).
+protocol of ``bitfault.campaign.evaluator``. A campaign's faults live in one
+``Memory`` (format + fault model); each trial brings its own rate and seed, so the
+campaign's identity (digest, store provenance) is the memory, the trials, the model
+and the data. Trials run here (``executor="local"``) or as Ray tasks
+(``executor="ray"``).
 """
 
 from __future__ import annotations
@@ -29,9 +32,10 @@ from bitfault.campaign.grid import Trial
 from bitfault.campaign.metrics import Metric, accuracy_metrics, call_metric
 from bitfault.campaign.stopping import StopWhenPrecise
 from bitfault.campaign.store import CampaignStore, TrialRecord
+from bitfault.errors import ArgumentTypeError
 from bitfault.faults import resolve_bits
 from bitfault.maps import FaultMap
-from bitfault.spec import FaultSpec
+from bitfault.memory import Memory
 from bitfault.stats import metric_bounds, summarize
 
 
@@ -41,18 +45,18 @@ def _check_target(trial: Trial, shapes: Mapping[str, tuple[int, ...]]) -> None:
                          f"{sorted(shapes)}")
 
 
-def _check_trial(trial: Trial, shapes: Mapping[str, tuple[int, ...]], spec: FaultSpec) -> None:
+def _check_trial(trial: Trial, shapes: Mapping[str, tuple[int, ...]], memory: Memory) -> None:
     """A trial's tensor, bit (position or field of the format) and element exist."""
     _check_target(trial, shapes)
     if trial.kind == "bit":
-        resolve_bits((trial.bit,), spec.format, argument=f"trial {trial.key}: bit")
+        resolve_bits((trial.bit,), memory.format, argument=f"trial {trial.key}: bit")
     elif trial.kind == "single":
         if trial.target is None:
             raise ValueError(f"trial {trial.key}: a single fault needs a target tensor")
         size = math.prod(shapes[trial.target])
-        if not (isinstance(trial.bit, int) and 0 <= trial.bit < spec.format.bits):
-            raise ValueError(f"trial {trial.key}: bit must be in 0..{spec.format.bits - 1} "
-                             f"for {spec.format}")
+        if not (isinstance(trial.bit, int) and 0 <= trial.bit < memory.format.bits):
+            raise ValueError(f"trial {trial.key}: bit must be in 0..{memory.format.bits - 1} "
+                             f"for {memory.format}")
         if not (isinstance(trial.element, int) and 0 <= trial.element < size):
             raise ValueError(f"trial {trial.key}: element must be in 0..{size - 1} for tensor "
                              f"{trial.target!r} of shape {tuple(shapes[trial.target])}")
@@ -64,8 +68,9 @@ def _empty_map(shape: tuple[int, ...], name: str) -> FaultMap:
     return FaultMap.empty(shape, name)
 
 
-def trial_maps(trial: Trial, spec: FaultSpec, shapes: Mapping[str, tuple[int, ...]]) -> Maps:
-    """The fault maps of one trial for every tensor (empty where the trial puts no fault).
+def trial_maps(trial: Trial, memory: Memory, shapes: Mapping[str, tuple[int, ...]]) -> Maps:
+    """The fault maps of one trial for every tensor (empty where the trial puts no fault),
+    drawn in ``memory``'s format for its fault model at the trial's rate and seed.
 
     Every tensor is stored in the format in every trial, faulty or not, as in a real
     memory; layer and single-fault trials confine the faults, not the format.
@@ -78,12 +83,11 @@ def trial_maps(trial: Trial, spec: FaultSpec, shapes: Mapping[str, tuple[int, ..
                                       {"source": "single"})
         return maps
     names = [trial.target] if trial.kind == "layer" else list(shapes)
-    bits = (trial.bit,) if trial.kind == "bit" else spec.fault.bits
+    bits = (trial.bit,) if trial.kind == "bit" else memory.fault.bits
     for n in names:
-        maps[n] = FaultMap.random(shapes[n], spec.format, ber=trial.ber, seed=trial.seed,
-                                  name=n, bits=bits, fault=spec.fault)
+        maps[n] = FaultMap.random(shapes[n], memory.format, ber=trial.ber, seed=trial.seed,
+                                  name=n, bits=bits, fault=memory.fault)
     return maps
-
 
 
 def _maps_digest(maps: Maps) -> str:
@@ -104,10 +108,11 @@ def versions() -> dict[str, str]:
     return found
 
 
-def campaign_digest(spec: FaultSpec, trials: Sequence[Trial], model_digest: str,
+def campaign_digest(memory: Memory, trials: Sequence[Trial], model_digest: str,
                     data_digest: str) -> str:
-    """Identity of a campaign: spec, the set of trials, model and data."""
-    body = {"spec": spec.to_dict(), "trials": sorted(t.key for t in trials),
+    """Identity of a campaign: the memory (format + fault model), the set of trials (their
+    keys carry rates and seeds), model and data."""
+    body = {"memory": memory.to_dict(), "trials": sorted(t.key for t in trials),
             "model": model_digest, "data": data_digest}
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
@@ -151,21 +156,21 @@ class CampaignResult:
                            "trials": [r.flat() for r in self.records]}, sort_keys=True)
 
 
-def evaluate_trials(evaluator: Evaluator, trials: Sequence[Trial], spec: FaultSpec,
+def evaluate_trials(evaluator: Evaluator, trials: Sequence[Trial], memory: Memory,
                     shapes: Mapping[str, tuple[int, ...]]) -> list[tuple[str, np.ndarray]]:
     """Map digests and predictions of ``trials`` (one evaluator call: many maps per pass)."""
-    maps = [trial_maps(t, spec, shapes) for t in trials]
-    predictions = evaluator.predict(maps, spec)
+    maps = [trial_maps(t, memory, shapes) for t in trials]
+    predictions = evaluator.predict(maps, memory)
     return [(_maps_digest(m), np.asarray(p)) for m, p in zip(maps, predictions, strict=True)]
 
 
-def _run_local(evaluator: Evaluator, chunks: list[list[Trial]], spec: FaultSpec,
+def _run_local(evaluator: Evaluator, chunks: list[list[Trial]], memory: Memory,
                shapes: Mapping[str, tuple[int, ...]]) -> Iterator[tuple[list[Trial], list]]:
     for chunk in chunks:
-        yield chunk, evaluate_trials(evaluator, chunk, spec, shapes)
+        yield chunk, evaluate_trials(evaluator, chunk, memory, shapes)
 
 
-def _run_ray(evaluator: Evaluator, chunks: list[list[Trial]], spec: FaultSpec,
+def _run_ray(evaluator: Evaluator, chunks: list[list[Trial]], memory: Memory,
              shapes: Mapping[str, tuple[int, ...]], ray_address: str | None,
              workers: int | None) -> Iterator[tuple[list[Trial], list]]:
     """Shard chunks into Ray tasks; yield each chunk's results as its task finishes.
@@ -185,8 +190,8 @@ def _run_ray(evaluator: Evaluator, chunks: list[list[Trial]], spec: FaultSpec,
             ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
     try:
         remote = ray.remote(max_retries=3, retry_exceptions=False)(evaluate_trials)
-        ev_ref, spec_ref = ray.put(evaluator), ray.put(spec)
-        pending = {remote.remote(ev_ref, chunk, spec_ref, dict(shapes)): chunk
+        ev_ref, memory_ref = ray.put(evaluator), ray.put(memory)
+        pending = {remote.remote(ev_ref, chunk, memory_ref, dict(shapes)): chunk
                    for chunk in chunks}
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1)
@@ -202,7 +207,7 @@ def _run_ray(evaluator: Evaluator, chunks: list[list[Trial]], spec: FaultSpec,
 def run(
     evaluator: Evaluator,
     trials: Sequence[Trial],
-    spec: FaultSpec,
+    memory: Memory,
     store: str | os.PathLike[str],
     *,
     metric: Metric = accuracy_metrics,
@@ -216,9 +221,10 @@ def run(
 ) -> CampaignResult:
     """Evaluate every trial not yet in ``store``; commit each as soon as it is known.
 
-    ``spec`` gives the format and fault model (its ber/seed are overridden per
-    trial). ``batch`` trials are handed to the evaluator per call, so it can run
-    several fault maps per forward pass. ``executor="ray"`` shards batches into Ray
+    ``memory`` gives the format and fault model (``bf.Memory(format, fault)``, or a
+    FaultSpec's ``spec.memory``); each trial brings its rate and seed. ``batch`` trials
+    are handed to the evaluator per call, so it can run several fault maps per forward
+    pass. ``executor="ray"`` shards batches into Ray
     tasks (``ray_address`` for an existing cluster, else a local one with
     ``workers`` CPUs). Re-running with the same store resumes. ``progress``: True
     for a tqdm bar on stderr (trials done, rate, ETA), or ``fn(done, total)``;
@@ -227,6 +233,10 @@ def run(
     ``fn(done, total)`` counts every trial of ``trials``: a first call before any runs says
     how many earlier runs stored; a campaign stopped early ends below ``total``.
     """
+    if not isinstance(memory, Memory):
+        raise ArgumentTypeError("memory", memory, "a bitfault.Memory (bf.Memory(format, "
+                                "fault), or a FaultSpec's spec.memory)",
+                                tail=f", got {type(memory).__name__}")
     if not trials:
         raise ValueError("trials must not be empty (build them with rate_sweep, layer_sweep, "
                          "bit_sweep or single_faults)")
@@ -244,19 +254,19 @@ def run(
         raise ValueError("trials contain duplicates (the same key twice)")
     shapes = evaluator.tensor_shapes()
     for t in trials:  # unknown tensors, bits and elements fail here, before anything runs
-        _check_trial(t, shapes, spec)
+        _check_trial(t, shapes, memory)
     model_digest, data_digest = evaluator.model_digest(), evaluator.data_digest()
-    digest = campaign_digest(spec, trials, model_digest, data_digest)
-    description = {"spec": spec.to_dict(), "n_trials": len(trials), "model": model_digest,
+    digest = campaign_digest(memory, trials, model_digest, data_digest)
+    description = {"memory": memory.to_dict(), "n_trials": len(trials), "model": model_digest,
                    "data": data_digest}
     labels = np.asarray(evaluator.labels)
     # The golden run: every tensor stored in the format, no faults (ber = 0).
     golden = {n: FaultMap.empty(shape, n) for n, shape in shapes.items()}
-    clean = evaluator.predict([golden], spec)[0]
+    clean = evaluator.predict([golden], memory)[0]
     clean_metrics = call_metric(metric, labels, clean, clean, "clean run")
     if stop is not None:
         stop.check(clean_metrics)
-    spec_json = spec.to_json(sort_keys=True)
+    memory_json = memory.to_json()
     version_json = json.dumps(versions(), sort_keys=True)
     worker = f"{platform.node()}:{os.getpid()}"
     wanted = set(keys)
@@ -273,9 +283,9 @@ def run(
                                                              if t.key not in done]
         chunks = [todo[i:i + batch] for i in range(0, len(todo), batch)]
         if executor == "ray" and chunks:
-            results = _run_ray(evaluator, chunks, spec, shapes, ray_address, workers)
+            results = _run_ray(evaluator, chunks, memory, shapes, ray_address, workers)
         else:
-            results = _run_local(evaluator, chunks, spec, shapes)
+            results = _run_local(evaluator, chunks, memory, shapes)
         already = len(wanted & done)
         bar, report = _progress(progress, len(trials), already)
         if report is not None:  # where it starts: what earlier runs stored
@@ -293,7 +303,7 @@ def run(
                                  "chip": trial.chip, "seed": trial.seed, "target": trial.target,
                                  "bit": trial.bit, "element": trial.element,
                                  "map_digest": map_digest, "model_digest": model_digest,
-                                 "data_digest": data_digest, "spec": spec_json,
+                                 "data_digest": data_digest, "memory": memory_json,
                                  "versions": version_json, "metrics": values, "started": began,
                                  "finished": done_at, "worker": worker})
                 db.add_many(rows)

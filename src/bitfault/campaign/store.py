@@ -4,8 +4,9 @@ Each trial is committed in its own transaction as soon as it is known, keyed by
 its trial key, so a campaign killed at any moment (even ``kill -9``) loses at most
 the trials that had not been committed, and a re-run skips every committed one:
 none is lost, none is duplicated. The file also records which campaign it belongs
-to (a digest of the spec, model and data); opening it for a different campaign is
-an error unless ``append=True``.
+to (a digest of the memory, i.e. format + fault model, the trials, model and data);
+opening it for a different campaign is an error unless ``append=True``; a store whose
+trials table has other columns (an older bitfault's) cannot be appended to.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ CREATE TABLE IF NOT EXISTS trials (
     map_digest TEXT,
     model_digest TEXT,
     data_digest TEXT,
-    spec TEXT,
+    memory TEXT,
     versions TEXT,
     metrics TEXT NOT NULL,
     started REAL,
@@ -45,7 +46,7 @@ CREATE TABLE IF NOT EXISTS trials (
 """
 
 COLUMNS = ("trial_key", "campaign", "kind", "ber", "chip", "seed", "target", "bit", "element",
-           "map_digest", "model_digest", "data_digest", "spec", "versions", "metrics",
+           "map_digest", "model_digest", "data_digest", "memory", "versions", "metrics",
            "started", "finished", "worker")
 _INSERT = (f"INSERT OR IGNORE INTO trials ({', '.join(COLUMNS)}) "
            f"VALUES ({', '.join('?' for _ in COLUMNS)})")
@@ -67,7 +68,7 @@ class TrialRecord:
     map_digest: str | None
     model_digest: str | None
     data_digest: str | None
-    spec: str | None
+    memory: str | None  # the Memory's JSON (format + fault model)
     versions: str | None
     metrics: dict[str, Any]
     started: float | None
@@ -127,6 +128,13 @@ class CampaignStore:
             self._open(campaign, description, append)
 
     def _open(self, campaign: str, description: dict[str, Any] | None, append: bool) -> None:
+        have = {r[1] for r in self._db.execute("PRAGMA table_info(trials)")}
+        if have != set(COLUMNS):
+            self._db.close()
+            raise StoreError(
+                f"{self.path}: its trials table has other columns (missing "
+                f"{sorted(set(COLUMNS) - have)}, unknown {sorted(have - set(COLUMNS))}): "
+                "written by another version of bitfault; use another store")
         row = self._db.execute("SELECT value FROM campaign WHERE key='digest'").fetchone()
         if row is None:
             self._db.execute("BEGIN IMMEDIATE")

@@ -4,9 +4,10 @@ Each trained model is evaluated on the test split under its recipe's stored form
 (``Recipe.stored_format``), chip ``c`` drawing seed ``campaign.seed + c`` at every
 rate, so every model meets the same simulated chips. Trials stream into
 ``RUN_DIR/campaign/<recipe>.sqlite`` as they finish; rerunning skips every stored
-trial. A store holding trials of another model, data set or spec is refused, naming
-what differs, unless ``replace_stores`` moves it into ``RUN_DIR/replaced/``. With
-``campaign.single_faults`` (a margin), sampled single bit faults follow, in
+trial. A store holding trials of another model, data set, memory (the recipe's format,
+``campaign.fault``) or ``campaign.seed`` is refused, naming what differs, unless
+``replace_stores`` moves it into ``RUN_DIR/replaced/``. With ``campaign.single_faults``
+(a margin), sampled single bit faults follow, in
 ``RUN_DIR/campaign/<recipe>.single_faults.sqlite``, until the share that turns a
 correct prediction wrong is known to within that margin. ``RUN_DIR/summary.json``
 is built from the stores and names each model's planned and stored trials.
@@ -38,13 +39,15 @@ from bitfault.jobs.run_dir import (
 )
 from bitfault.jobs.summary import (
     build_trials,
+    chip_seeds,
     incomplete,
     model_summary,
     provenance,
     single_fault_trials,
+    stored_columns,
 )
+from bitfault.memory import Memory
 from bitfault.recipes import Recipe
-from bitfault.spec import FaultSpec
 
 
 def _resolve(rd: RunDir, config: RunConfig | None,
@@ -84,29 +87,34 @@ def make_evaluator(model: Any, framework: str, x: Any, y: Any, c: CampaignConfig
     if framework == "torch":
         from bitfault.torch import TorchEvaluator
 
-        return TorchEvaluator(model, x, y, targets=c.targets, batch_size=1000)
+        if isinstance(c.targets, str):
+            return TorchEvaluator(model, x, y, biases=c.targets == "weights+biases",
+                                  batch_size=1000)
+        return TorchEvaluator(model, x, y, targets=list(c.targets), batch_size=1000)
     from bitfault.keras import KerasEvaluator
 
-    return KerasEvaluator(model, x, y, targets=c.targets)
+    return KerasEvaluator(model, x, y, targets=None if isinstance(c.targets, str)
+                          else list(c.targets))
 
 
 @dataclass
 class ModelPlan:
-    """One model's campaign, checked: its spec, evaluator and trials."""
+    """One model's campaign, checked: its memory (format + fault model), evaluator and
+    trials."""
 
     recipe: Recipe
-    spec: FaultSpec
+    memory: Memory
     evaluator: Any
     trials: list[Any]
     singles: list[Any]
 
 
 def plan_model(config: RunConfig, recipe: Recipe, model: Any, x: Any, y: Any) -> ModelPlan:
-    """Check that the campaign fits ``model`` (spec, targets, grid); errors name the key."""
+    """Check that the campaign fits ``model`` (memory, targets, grid); errors name the key."""
     c = config.campaign
     fmt = recipe.stored_format
     try:
-        spec = FaultSpec(format=fmt, fault=c.fault, ber=0.0, seed=c.seed)
+        memory = Memory(fmt, c.fault)
     except (ValueError, TypeError) as exc:
         raise ConfigError("campaign.fault", c.fault.to_dict(), f"a fault model that fits "
                           f"recipe {recipe.name!r}'s format {fmt} ({exc})") from None
@@ -118,9 +126,9 @@ def plan_model(config: RunConfig, recipe: Recipe, model: Any, x: Any, y: Any) ->
         raise ConfigError("campaign.targets", list(c.targets), f"names of tensors the model "
                           f"has ({exc})") from None
     shapes = evaluator.tensor_shapes()
-    trials = build_trials(c, spec, shapes)
-    singles = single_fault_trials(c, spec, shapes)
-    return ModelPlan(recipe, spec, evaluator, trials, singles)
+    trials = build_trials(c, memory, shapes)
+    singles = single_fault_trials(c, memory, shapes)
+    return ModelPlan(recipe, memory, evaluator, trials, singles)
 
 
 def _clean_metrics(plan: ModelPlan) -> dict[str, Any]:
@@ -129,27 +137,35 @@ def _clean_metrics(plan: ModelPlan) -> dict[str, Any]:
     from bitfault.maps import FaultMap
 
     golden = {n: FaultMap.empty(s, n) for n, s in plan.evaluator.tensor_shapes().items()}
-    clean = plan.evaluator.predict([golden], plan.spec)[0]
+    clean = plan.evaluator.predict([golden], plan.memory)[0]
     return accuracy_metrics(plan.evaluator.labels, clean, clean)
 
 
-def store_differences(store: Path, evaluator: Any, spec: FaultSpec) -> list[str]:
-    """What makes the trials in ``store`` another campaign's (empty: none, or no store)."""
+def store_differences(store: Path, evaluator: Any, memory: Memory, seed: int) -> list[str]:
+    """What makes the trials in ``store`` another campaign's (empty: none, or no store):
+    model, data, the memory (format, fault model), chips of another ``campaign.seed``, or
+    a store of another bitfault version."""
+    from bitfault.campaign.store import COLUMNS
+
     rows = provenance(store)
     if not rows:
         return []
     diffs: list[str] = []
+    if stored_columns(store) != set(COLUMNS):
+        diffs.append("the store's layout (written by another version of bitfault)")
     if any(model != evaluator.model_digest() for model, _, _ in rows):
         diffs.append("the model (its weights, or the tensors campaign.targets selects)")
     if any(data != evaluator.data_digest() for _, data, _ in rows):
         diffs.append("the test data (data settings)")
-    want, fields = json.loads(spec.to_json(sort_keys=True)), set()
+    want, fields = memory.to_dict(), set()
     for _, _, text in rows:
         old = json.loads(text or "{}")
-        fields |= {k for k in old.keys() | want.keys() if old.get(k) != want.get(k)}
-    names = {"fault": "campaign.fault", "seed": "campaign.seed", "format": "the recipe's format"}
-    return diffs + [f"the spec's {f} ({names[f]})" if f in names else f"the spec's {f}"
-                    for f in sorted(fields)]
+        fields |= {k for k in want if old.get(k) != want[k]}
+    names = {"fault": "campaign.fault", "format": "the recipe's format"}
+    diffs += [f"the memory's {f} ({names[f]})" for f in sorted(fields)]
+    if chip_seeds(store) - {seed}:
+        diffs.append("the chips' seeds (campaign.seed)")
+    return diffs
 
 
 def run_campaign(run_dir: str | os.PathLike[str] | None = None,
@@ -181,7 +197,8 @@ def run_campaign(run_dir: str | os.PathLike[str] | None = None,
         for plan in plans:
             for store in (rd.store_path(plan.recipe.name),
                           rd.single_faults_store_path(plan.recipe.name)):
-                diffs = store_differences(store, plan.evaluator, plan.spec)
+                diffs = store_differences(store, plan.evaluator, plan.memory,
+                                          config.campaign.seed)
                 if diffs:
                     stale[store] = diffs
         if stale and not replace_stores:
@@ -229,7 +246,7 @@ def _run_all(rd: RunDir, config: RunConfig, plans: list[ModelPlan], examples: in
 
     def entry(plan: ModelPlan) -> dict[str, Any]:
         name = plan.recipe.name
-        return model_summary(c, plan.spec, plan.evaluator.tensor_shapes(), cleans[name],
+        return model_summary(c, plan.memory, plan.evaluator.tensor_shapes(), cleans[name],
                              rd.store_path(name), rd.single_faults_store_path(name))
 
     for plan in plans:  # every model is listed from the start, with what its store holds
@@ -241,7 +258,7 @@ def _run_all(rd: RunDir, config: RunConfig, plans: list[ModelPlan], examples: in
     for plan in plans:
         name = plan.recipe.name
         with reporter.bar(f"faults {name}", len(plan.trials), "trial") as progress:
-            result = run(plan.evaluator, plan.trials, plan.spec, rd.store_path(name),
+            result = run(plan.evaluator, plan.trials, plan.memory, rd.store_path(name),
                          batch=c.batch or 8, append=True, progress=progress)
         m = summary["models"][name] = {**entry(plan), "ran": result.ran,
                                        "skipped": result.skipped}
@@ -251,7 +268,7 @@ def _run_all(rd: RunDir, config: RunConfig, plans: list[ModelPlan], examples: in
         if plan.singles:
             stop = StopWhenPrecise(margin=c.single_faults, confidence=c.single_fault_confidence)
             with reporter.bar(f"single faults {name}", len(plan.singles), "fault") as progress:
-                result = run(plan.evaluator, plan.singles, plan.spec,
+                result = run(plan.evaluator, plan.singles, plan.memory,
                              rd.single_faults_store_path(name), batch=c.batch or 64,
                              append=True, progress=progress, stop=stop)
                 if result.stopping["reached"] and len(result.records) < len(plan.singles):

@@ -15,11 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from bitfault.config import CampaignConfig
-from bitfault.formats import format_from_dict
-from bitfault.spec import FaultSpec
+from bitfault.memory import Memory
 
 
-def build_trials(c: CampaignConfig, spec: FaultSpec, shapes: dict[str, Any]) -> list[Any]:
+def build_trials(c: CampaignConfig, memory: Memory, shapes: dict[str, Any]) -> list[Any]:
     """The rate sweep, plus the layer and bit sweeps the config enables."""
     from bitfault.campaign import bit_sweep, layer_sweep, rate_sweep
 
@@ -27,20 +26,21 @@ def build_trials(c: CampaignConfig, spec: FaultSpec, shapes: dict[str, Any]) -> 
     if c.layers:
         trials += layer_sweep(c.sweep_bers, c.sweep_chips, list(shapes), base_seed=c.seed)
     if c.bits:
-        trials += bit_sweep(c.sweep_bers, c.sweep_chips, spec.fault.eligible_bits(spec.format),
+        trials += bit_sweep(c.sweep_bers, c.sweep_chips, memory.fault.eligible_bits(memory.format),
                             base_seed=c.seed)
     return trials
 
 
-def single_fault_trials(c: CampaignConfig, spec: FaultSpec, shapes: dict[str, Any]) -> list[Any]:
+def single_fault_trials(c: CampaignConfig, memory: Memory,
+                        shapes: dict[str, Any]) -> list[Any]:
     """The sampled single bit faults of ``campaign.single_faults`` (empty when off)."""
     if c.single_faults is None:
         return []
     from bitfault.campaign import sampled_single_faults
 
-    return sampled_single_faults(shapes, spec.format, margin=c.single_faults,
+    return sampled_single_faults(shapes, memory.format, margin=c.single_faults,
                                  confidence=c.single_fault_confidence, seed=c.seed,
-                                 bits=spec.fault.bits)
+                                 bits=memory.fault.bits)
 
 
 def _query(store: Path, sql: str) -> list[tuple[Any, ...]]:
@@ -71,37 +71,53 @@ def read_records(store: str | Path, keys: set[str]) -> list[Any]:
     return out
 
 
+def stored_columns(store: str | Path) -> set[str]:
+    """The columns of ``store``'s trials table (empty: no store, or no table yet)."""
+    return {r[0] for r in _query(Path(store), "SELECT name FROM pragma_table_info('trials')")}
+
+
 def provenance(store: str | Path) -> list[tuple[str | None, str | None, str | None]]:
-    """The distinct (model digest, data digest, spec JSON) of the trials in ``store``."""
+    """The distinct (model digest, data digest, memory JSON) of the trials in ``store``;
+    a store of an older bitfault (a ``spec`` column, no ``memory``) gives its spec JSON,
+    whose ``format`` and ``fault`` keys are the memory's."""
+    columns = stored_columns(store)
+    memory = "memory" if "memory" in columns else "spec" if "spec" in columns else "NULL"
     return [tuple(r) for r in _query(Path(store), "SELECT DISTINCT model_digest, data_digest, "
-                                                  "spec FROM trials")]
+                                                  f"{memory} FROM trials")]
 
 
-def model_summary(c: CampaignConfig, spec: FaultSpec, shapes: dict[str, Any],
+def chip_seeds(store: str | Path) -> set[int]:
+    """The base seeds of the chips in ``store`` (a chip ``c`` of seed ``base + c``), from
+    its rate, layer and bit trials."""
+    return {int(r[0]) for r in _query(Path(store), "SELECT DISTINCT seed - chip FROM trials "
+                                                   "WHERE kind IN ('rate', 'layer', 'bit')")}
+
+
+def model_summary(c: CampaignConfig, memory: Memory, shapes: dict[str, Any],
                   clean: dict[str, Any], store: Path, single_store: Path) -> dict[str, Any]:
     """One model's summary entry from its stores: what they hold of the planned trials."""
     from bitfault.campaign import CampaignResult
 
-    trials = build_trials(c, spec, shapes)
+    trials = build_trials(c, memory, shapes)
     records = read_records(store, {t.key for t in trials})
     rows = CampaignResult(records).summary("accuracy")
     entry: dict[str, Any] = {
-        "format": spec.format.to_dict(), "clean_accuracy": clean["accuracy"], "clean": clean,
+        "format": memory.format.to_dict(), "clean_accuracy": clean["accuracy"], "clean": clean,
         "tensors": {n: list(s) for n, s in shapes.items()}, "store": str(store),
         "trials": len(trials), "stored": len(records), "complete": len(records) == len(trials),
         "rate": [r for r in rows if r["kind"] == "rate"],
         "layer": [r for r in rows if r["kind"] == "layer"],
         "bit": [r for r in rows if r["kind"] == "bit"]}
     if c.single_faults is not None:
-        entry["single_faults"] = _single_summary(c, spec, shapes, clean, single_store)
+        entry["single_faults"] = _single_summary(c, memory, shapes, clean, single_store)
     return entry
 
 
-def _single_summary(c: CampaignConfig, spec: FaultSpec, shapes: dict[str, Any],
+def _single_summary(c: CampaignConfig, memory: Memory, shapes: dict[str, Any],
                     clean: dict[str, Any], store: Path) -> dict[str, Any]:
     from bitfault.campaign import StopWhenPrecise
 
-    trials = single_fault_trials(c, spec, shapes)
+    trials = single_fault_trials(c, memory, shapes)
     records = read_records(store, {t.key for t in trials})
     stop = StopWhenPrecise(margin=c.single_faults, confidence=c.single_fault_confidence)
     estimate = stop.estimate(sum(stop.failed(r.metrics, clean) for r in records), len(records))
@@ -115,10 +131,9 @@ def refresh(entry: dict[str, Any], c: CampaignConfig, store: Path,
     written by an older bitfault (no ``tensors``) is returned as it is."""
     if "tensors" not in entry or "clean" not in entry:
         return entry
-    spec = FaultSpec(format=format_from_dict(entry["format"]), fault=c.fault, ber=0.0,
-                     seed=c.seed)
+    memory = Memory(entry["format"], c.fault)
     shapes = {n: tuple(s) for n, s in entry["tensors"].items()}
-    fresh = model_summary(c, spec, shapes, entry["clean"], store, single_store)
+    fresh = model_summary(c, memory, shapes, entry["clean"], store, single_store)
     for key in ("ran", "skipped"):  # what the last campaign run did, not store contents
         if key in entry:
             fresh[key] = entry[key]
@@ -142,5 +157,5 @@ def incomplete(models: dict[str, dict[str, Any]]) -> list[str]:
     return out
 
 
-__all__ = ["build_trials", "incomplete", "model_summary", "provenance", "read_records", "refresh",
-           "single_fault_trials"]
+__all__ = ["build_trials", "chip_seeds", "incomplete", "model_summary", "provenance",
+           "read_records", "refresh", "single_fault_trials", "stored_columns"]

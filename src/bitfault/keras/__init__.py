@@ -39,7 +39,6 @@ from bitfault.keras.recipes import (
     relu_sites,
     stored_weights,
 )
-from bitfault.keras.targets import select_tensors
 from bitfault.keras.train import evaluate, fit, randbet_step
 
 __all__ = [
@@ -68,6 +67,5 @@ __all__ = [
     "relu_bounds",
     "relu_sites",
     "resample",
-    "select_tensors",
     "stored_weights",
 ]

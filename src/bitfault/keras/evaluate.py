@@ -15,7 +15,7 @@ backends a variable is assigned when its value changes. Imports keras.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import keras
@@ -26,25 +26,25 @@ from bitfault.campaign.evaluator import (
     GoldenRuns,
     check_max_bytes,
     digest_arrays,
+    memory_key,
     predicted_labels,
-    spec_key,
 )
-from bitfault.keras.layouts import Slot
+from bitfault.keras.inject import walk_layers
+from bitfault.keras.layouts import Slot, is_supported, plan_slots
 from bitfault.keras.seam import faulty_elements, stored
-from bitfault.keras.targets import select_tensors, walk_layers
 from bitfault.maps import FaultMap
-from bitfault.memory import StoredArray
+from bitfault.memory import Memory, StoredArray
 from bitfault.spec import FaultSpec
+
+_WEIGHTS_ONLY = FaultSpec(ber=0.0)
 
 
 class KerasEvaluator:
     """Evaluate a Keras model under fault maps (the ``Evaluator`` protocol of ``run``).
 
-    ``targets``: what ``bitfault.Targets.coerce`` takes, of kind "weights" (default: the
-    kernel of every Dense, EinsumDense, ConvND and Embedding layer; a list of tensor names
-    such as ``"<layer>.weight"``, kept in its order), chosen by ``select_tensors`` as
-    ``inject`` chooses them; ``filter_fn(layer, path) -> bool`` (or globs on layer paths)
-    chooses layers. With ``fast_paths`` (TensorFlow
+    ``targets``: None (the kernel of every Dense, EinsumDense, ConvND and Embedding
+    layer), a list of tensor names (``"<layer>.weight"``), or
+    ``filter(layer, path) -> bool`` choosing layers. With ``fast_paths`` (TensorFlow
     backend, a functional or Sequential model) the golden run is computed once, and a
     trial whose faults sit in one layer's kernel runs the model from that layer on, from
     the cached fault-free activations at its input (the same operations on the same
@@ -53,7 +53,7 @@ class KerasEvaluator:
     """
 
     def __init__(self, model: keras.Model, x: Any, y: Any,
-                 targets: Any = "weights", filter_fn: Any = None,
+                 targets: Sequence[str] | Callable[[Any, str], bool] | None = None,
                  batch_size: int = 1000, fast_paths: bool = True,
                  max_bytes: int = 256 << 20) -> None:
         self.x = np.asarray(x)
@@ -67,8 +67,13 @@ class KerasEvaluator:
         self.max_bytes = check_max_bytes(max_bytes)
         self._model = keras.models.clone_model(model)
         self._model.set_weights(model.get_weights())
-        slots = {s.name: s for s in select_tensors(self._model, targets, filter_fn,
-                                                   kinds=("weights",))}
+        slots = _slots_of(self._model, targets if callable(targets) else None)
+        if isinstance(targets, Sequence) and not isinstance(targets, str):
+            unknown = sorted(set(targets) - set(slots))
+            if unknown:
+                raise ValueError(f"targets name unknown tensor(s) {unknown}; this model's "
+                                 f"tensors are {sorted(slots)}")
+            slots = {n: slots[n] for n in targets}
         if not slots:
             raise ValueError("targets chose no tensor: the model has no Dense, EinsumDense, "
                              "ConvND or Embedding layer (or the filter matched none)")
@@ -88,24 +93,24 @@ class KerasEvaluator:
         return {n: tuple(a.shape) for n, a in self._clean.items()}
 
     def predict(self, batch_of_maps: Sequence[Mapping[str, FaultMap]],
-                spec: FaultSpec) -> list[np.ndarray]:
+                memory: Memory) -> list[np.ndarray]:
         out = []
         for maps in batch_of_maps:
             unknown = sorted(set(maps) - set(self._slots))
             if unknown:
                 raise ValueError(f"fault maps name unknown tensor(s) {unknown}; this "
                                  f"evaluator's tensors are {sorted(self._slots)}")
-            key, memories = self._memories_for(spec)
+            key, memories = self._memories_for(memory)
             kernels, faulty = [], []
             for name, slot in self._slots.items():
-                memory, fmap = memories[name], maps.get(name)
+                kernel, fmap = memories[name], maps.get(name)
                 idx, values = (None, None) if fmap is None else \
-                    faulty_elements(memory.stored, spec.fault, fmap)
+                    faulty_elements(kernel.stored, memory.fault, fmap)
                 if idx is not None and idx.size:
-                    kernels.append(memory.patched(slot.keras_indices(idx), values))
+                    kernels.append(kernel.patched(slot.keras_indices(idx), values))
                     faulty.append(name)
                 else:
-                    kernels.append(memory)
+                    kernels.append(kernel)
             out.append(self._predict_fast(key, kernels, faulty) if self._fast() else
                        self._predict_labels(kernels))
         return out
@@ -174,14 +179,14 @@ class KerasEvaluator:
     def __setstate__(self, state: dict[str, Any]) -> None:
         names = state["_slots"]
         self.__dict__.update(state)
-        found = {s.name: s for s in select_tensors(self._model)}
+        found = _slots_of(self._model, None)
         self._slots = {n: found[n] for n in names}
 
-    def _memories_for(self, spec: FaultSpec) -> tuple[tuple[str, str], dict[str, _Memory]]:
+    def _memories_for(self, memory: Memory) -> tuple[tuple[str, str], dict[str, _Memory]]:
         """Every target stored in the format (computed once per format and fault model)."""
-        key = spec_key(spec)
+        key = memory_key(memory)
         if key not in self._memories:
-            self._memories[key] = {n: _Memory(stored(c, spec.format), self._slots[n])
+            self._memories[key] = {n: _Memory(stored(c, memory.format), self._slots[n])
                                    for n, c in self._clean.items()}
         return key, self._memories[key]
 
@@ -266,6 +271,16 @@ class _Memory:
         flat[keras_index] = values
         self._changed = keras_index
         return self._faulty
+
+
+def _slots_of(model: keras.Model, accept: Callable[[Any, str], bool] | None) -> dict[str, Slot]:
+    """The kernel slot of every supported layer of ``model`` (that ``accept`` chooses)."""
+    slots: dict[str, Slot] = {}
+    for layer, path in walk_layers(model):
+        if is_supported(layer) and (accept is None or accept(layer, path)):
+            for slot in plan_slots(layer, path, _WEIGHTS_ONLY, None):
+                slots[slot.name] = slot
+    return slots
 
 
 __all__ = ["KerasEvaluator"]

@@ -1,7 +1,7 @@
 """``TorchEvaluator``: a PyTorch model + dataset as a campaign evaluator, evaluated fast.
 
 What is computed (the reference every path must agree with): every targeted
-tensor is stored in the spec's format (``bitfault.torch.inject`` with an empty
+tensor is stored in the memory's format (``bitfault.torch.inject`` with an empty
 map, so an IntQuant tensor is quantised even where a trial has no fault there),
 the trial's maps fault their tensors (``bitfault.torch.inject``, bit for bit the
 NumPy core), and the model's own ``forward`` runs on the data in eval mode under
@@ -22,7 +22,7 @@ lazily.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +31,7 @@ import numpy as np
 from bitfault.campaign.evaluator import (
     GoldenRuns,
     Maps,
-    SpecKeys,
+    MemoryKeys,
     check_max_bytes,
     digest_arrays,
     gathered_map,
@@ -39,12 +39,11 @@ from bitfault.campaign.evaluator import (
     predicted_labels,
 )
 from bitfault.maps import FaultMap
-from bitfault.memory import StoredArray
-from bitfault.spec import FaultSpec
+from bitfault.memory import Memory, StoredArray
 from bitfault.torch.graph import TracedGraph, run_nodes
 from bitfault.torch.single_faults import SingleFaultPaths
 
-EVALUATED_KINDS = ("weights", "biases", "buffers")  # stored tensors; activations: inject_
+TargetSpec = Sequence[str] | Callable[[Any, str], bool] | None
 
 
 @dataclass(frozen=True)
@@ -58,25 +57,23 @@ class _Patched:
 class TorchEvaluator(SingleFaultPaths):
     """A PyTorch model on a dataset, implementing the campaign ``Evaluator`` protocol.
 
-    ``targets``: what ``bitfault.Targets.coerce`` takes, of kinds "weights", "biases"
-    and "buffers" (default "weights": the weights of every Linear, Conv1d/2d/3d and
-    Embedding; "weights+biases"; a list of tensor names such as ``"fc1.weight"``,
-    kept in its order), chosen by ``select_tensors`` as ``inject_`` chooses them;
-    ``filter_fn(module, name) -> bool`` (or globs on module names) chooses modules.
+    ``targets``: None (the weights of every Linear, Conv1d/2d/3d and Embedding,
+    plus their biases when ``biases=True``), a list of tensor names
+    (``"fc1.weight"``), or ``filter(module, name) -> bool`` choosing modules.
     ``batch_size``: examples per forward pass (None: all at once).
     ``fast_paths=False`` turns off graph reuse and the single-fault shortcut
     (every trial then runs the whole model). ``max_bytes`` bounds the stacked
     activations of the single-fault path.
     """
 
-    def __init__(self, model: Any, x: Any, y: Any, targets: Any = "weights", *,
-                 filter_fn: Any = None, batch_size: int | None = None, device: str = "cpu",
+    def __init__(self, model: Any, x: Any, y: Any, targets: TargetSpec = None, *,
+                 biases: bool = False, batch_size: int | None = None, device: str = "cpu",
                  fast_paths: bool = True, max_bytes: int = 256 << 20) -> None:
         import torch
         from torch import nn
 
+        from bitfault.torch import DEFAULT_MODULES
         from bitfault.torch.seam import check_float_dtype
-        from bitfault.torch.targets import select_tensors
 
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -101,19 +98,35 @@ class TorchEvaluator(SingleFaultPaths):
         self.batch_size = batch_size
         self.fast_paths = bool(fast_paths)
         self.max_bytes = max_bytes
-        chosen = select_tensors(self.model, targets, filter_fn, kinds=EVALUATED_KINDS)
-        if not chosen:
+        tensors = dict(self.model.named_parameters())
+        tensors.update(self.model.named_buffers())
+        if targets is None or callable(targets):
+            accept = targets or (lambda m, fqn: isinstance(m, DEFAULT_MODULES))
+            names = []
+            for fqn, mod in self.model.named_modules():
+                if accept(mod, fqn):
+                    for leaf in ("weight",) + (("bias",) if biases else ()):
+                        if isinstance(getattr(mod, leaf, None), torch.Tensor):
+                            names.append(f"{fqn}.{leaf}" if fqn else leaf)
+        elif isinstance(targets, str):
+            raise TypeError("targets must be a list of tensor names, a filter function or None; "
+                            f"got the string {targets!r} (wrap it in a list)")
+        else:
+            names = list(targets)
+            unknown = [n for n in names if n not in tensors]
+            if unknown:
+                raise ValueError(f"targets names unknown tensor(s) {unknown}; the model's tensors "
+                                 f"are {sorted(tensors)}")
+        if not names:
             raise ValueError("targets selects no tensor of the model")
-        tensors = {t.name: t.tensor for t in chosen}
-        names = list(tensors)
         for n in names:
             check_float_dtype(tensors[n].dtype, f"target tensor {n!r}")
         self.names = list(dict.fromkeys(names))
         self._clean = {n: tensors[n].detach() for n in self.names}
         self._owner = {n: n.rpartition(".") for n in self.names}  # name -> (module, ".", attr)
-        self._key = SpecKeys()  # the caches' key of a spec: its format and fault model
+        self._key = MemoryKeys()  # the caches' key of a memory: its format and fault model
         self._views: dict[tuple[str, tuple[str, str]], tuple[np.ndarray, ...]] = {}
-        self._memories: dict[tuple[str, tuple[str, str]], tuple[Any, ...]] = {}
+        self._patchable: dict[tuple[str, tuple[str, str]], tuple[Any, ...]] = {}
         self._stored_cache: dict[tuple[str, str], dict[str, Any]] = {}
         self._golden = GoldenRuns()
         self._graph: TracedGraph | bool | None = None  # None: not traced yet; False: untraceable
@@ -134,9 +147,9 @@ class TorchEvaluator(SingleFaultPaths):
     def data_digest(self) -> str:
         return digest_arrays({"x": self.x.detach().cpu().numpy(), "y": self.labels})
 
-    def predict(self, batch_of_maps: Sequence[Maps], spec: FaultSpec) -> list[np.ndarray]:
+    def predict(self, batch_of_maps: Sequence[Maps], memory: Memory) -> list[np.ndarray]:
         """Predicted labels for each map set (dict of tensor name -> FaultMap)."""
-        eligible = spec.fault.eligible_mask(spec.format)
+        eligible = memory.fault.eligible_mask(memory.format)
         out: list[np.ndarray | None] = [None] * len(batch_of_maps)
         singles: dict[str, list[tuple[int, int, int]]] = {}
         for k, maps in enumerate(batch_of_maps):
@@ -147,7 +160,7 @@ class TorchEvaluator(SingleFaultPaths):
             active = {n: m for n, m in maps.items()
                       if np.any(m.masks & np.uint32(eligible))}
             if not active:
-                out[k] = self.golden(spec)
+                out[k] = self.golden(memory)
                 continue
             if len(active) == 1 and self.fast_paths:
                 (name, fmap), = active.items()
@@ -156,11 +169,11 @@ class TorchEvaluator(SingleFaultPaths):
                         (k, int(fmap.indices[0]), int(fmap.masks[0])))
                     continue
                 if self.graph() is not None:
-                    out[k] = self._predict_layer(name, fmap, spec)
+                    out[k] = self._predict_layer(name, fmap, memory)
                     continue
-            out[k] = self._predict_full(active, spec)
+            out[k] = self._predict_full(active, memory)
         for name, faults in singles.items():
-            for k, pred in self._predict_singles(name, faults, spec).items():
+            for k, pred in self._predict_singles(name, faults, memory).items():
                 out[k] = pred
         return [np.asarray(p) for p in out]
 
@@ -168,8 +181,8 @@ class TorchEvaluator(SingleFaultPaths):
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(_key=SpecKeys(), _views={}, _stored_cache={}, _golden=GoldenRuns(),
-                     _graph=None, _memories={}, _loaded={})
+        state.update(_key=MemoryKeys(), _views={}, _stored_cache={}, _golden=GoldenRuns(),
+                     _graph=None, _patchable={}, _loaded={})
         return state
 
     # ---- shared pieces ---------------------------------------------------------------------
@@ -179,18 +192,18 @@ class TorchEvaluator(SingleFaultPaths):
         size = self.batch_size or n
         return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
-    def stored(self, spec: FaultSpec) -> dict[str, Any]:
+    def stored(self, memory: Memory) -> dict[str, Any]:
         """Every target tensor stored in the format, no fault (cached per format and fault)."""
         from bitfault.torch import inject
 
-        key = self._key(spec)
+        key = self._key(memory)
         if key not in self._stored_cache:
             self._stored_cache[key] = {
-                n: inject(t, spec.format, spec.fault, FaultMap.empty(tuple(t.shape), n))
+                n: inject(t, memory.format, memory.fault, FaultMap.empty(tuple(t.shape), n))
                 for n, t in self._clean.items()}
         return self._stored_cache[key]
 
-    def faulty(self, name: str, fmap: FaultMap, spec: FaultSpec) -> Any:
+    def faulty(self, name: str, fmap: FaultMap, memory: Memory) -> Any:
         """``bitfault.torch.inject`` of the tensor (the compiled one-pass kernel where it
         applies); otherwise, for formats that store each element on its own (FixedPoint,
         Float), only the faulty elements are computed and written over the cached stored
@@ -201,20 +214,20 @@ class TorchEvaluator(SingleFaultPaths):
         from bitfault.torch.seam import compiled_for
 
         clean = self._clean[name]
-        compiled = compiled_for(clean, spec.format)  # one fast pass
-        if compiled or not patch_faulty_elements(spec.format, fmap):
-            return inject(clean, spec.format, spec.fault, fmap)
+        compiled = compiled_for(clean, memory.format)  # one fast pass
+        if compiled or not patch_faulty_elements(memory.format, fmap):
+            return inject(clean, memory.format, memory.fault, fmap)
         idx = torch.from_numpy(np.array(fmap.indices, np.int64)).to(clean.device)
-        out = self.stored(spec)[name].clone()
-        out.view(-1)[idx] = self._faulty_elements(name, idx, fmap, spec)
+        out = self.stored(memory)[name].clone()
+        out.view(-1)[idx] = self._faulty_elements(name, idx, fmap, memory)
         return out
 
-    def _faulty_elements(self, name: str, idx: Any, fmap: FaultMap, spec: FaultSpec) -> Any:
+    def _faulty_elements(self, name: str, idx: Any, fmap: FaultMap, memory: Memory) -> Any:
         """The faulty values of the map's elements alone (flat ``idx`` = its indices), for a
         format that stores each element on its own (FixedPoint, Float)."""
         from bitfault.torch import inject
 
-        return inject(self._clean[name].reshape(-1)[idx], spec.format, spec.fault,
+        return inject(self._clean[name].reshape(-1)[idx], memory.format, memory.fault,
                       gathered_map(fmap))
 
     def _replica_tensors(self) -> dict[str, Any]:
@@ -250,44 +263,44 @@ class TorchEvaluator(SingleFaultPaths):
                 preds.append(predicted_labels(logits.float().cpu().numpy()))
         return np.concatenate(preds)
 
-    def _write_faulty(self, name: str, fmap: FaultMap, spec: FaultSpec) -> bool:
+    def _write_faulty(self, name: str, fmap: FaultMap, memory: Memory) -> bool:
         """Write the faulty tensor straight into the replica with the compiled kernel; False
         where that does not apply (another device or dtype, a format it lacks, NaN or inf
         in an IntQuant tensor), and the replica is then untouched or to be overwritten."""
         from bitfault.torch.seam import compiled_for, compiled_pass
 
-        key = (name, self._key(spec))
+        key = (name, self._key(memory))
         views = self._views.get(key)
         if views is None:  # flat NumPy views of the clean tensor and the replica's, kept
             clean, dst = self._clean[name], self._replica_tensors()[name]
             views = (clean.reshape(-1).numpy(), dst.detach().view(-1).numpy()) if (
-                compiled_for(clean, spec.format) and dst.is_contiguous()) else ()
+                compiled_for(clean, memory.format) and dst.is_contiguous()) else ()
             self._views[key] = views
         if not views:
-            return self._patch_stored(name, fmap, spec)
+            return self._patch_stored(name, fmap, memory)
         self._loaded[name] = None
-        return compiled_pass(spec.format, spec.fault, fmap)(*views)
+        return compiled_pass(memory.format, memory.fault, fmap)(*views)
 
-    def _patch_stored(self, name: str, fmap: FaultMap, spec: FaultSpec) -> bool:
+    def _patch_stored(self, name: str, fmap: FaultMap, memory: Memory) -> bool:
         """Where the compiled pass does not apply (a Float format, FixedPoint "wrap", a
         float64 tensor...) on the CPU: the replica's tensor keeps the stored values, the
         elements the previous map faulted are put back and this map's faulty ones written,
         computed by ``bitfault.StoredArray`` (the same bits as injecting the tensor, at a
         cost in proportion to the faults). False where it does not apply either."""
-        key = (name, self._key(spec))
-        memory = self._memories.get(key)
-        if memory is None:
+        key = (name, self._key(memory))
+        cached = self._patchable.get(key)
+        if cached is None:
             clean, dst = self._clean[name], self._replica_tensors()[name]
             ok = (clean.device.type == "cpu" and dst.is_contiguous() and
                   str(clean.dtype) in ("torch.float32", "torch.float64", "torch.float16"))
-            stored = self.stored(spec)[name]
-            memory = self._memories[key] = (
-                StoredArray.of(clean.numpy(), spec.format), stored,
+            stored = self.stored(memory)[name]
+            cached = self._patchable[key] = (
+                StoredArray.of(clean.numpy(), memory.format), stored,
                 stored.reshape(-1).numpy(), dst.detach().view(-1).numpy()) if ok else ()
-        if not memory:
+        if not cached:
             return False
-        array, stored, stored_flat, dst = memory
-        idx, values = array.faulty_elements(spec.fault, fmap)
+        array, stored, stored_flat, dst = cached
+        idx, values = array.faulty_elements(memory.fault, fmap)
         held = self._loaded.get(name)
         self._loaded[name] = None  # while writing: a failure leaves it unknown
         if isinstance(held, _Patched) and held.key == key:
@@ -298,17 +311,17 @@ class TorchEvaluator(SingleFaultPaths):
         self._loaded[name] = _Patched(key, idx)
         return True
 
-    def golden(self, spec: FaultSpec) -> np.ndarray:
+    def golden(self, memory: Memory) -> np.ndarray:
         """Predictions with every target stored in the format and no fault (computed once)."""
-        return self._golden.get(self._key(spec), lambda: self._forward(self.stored(spec)))
+        return self._golden.get(self._key(memory), lambda: self._forward(self.stored(memory)))
 
-    def _predict_full(self, maps: Maps, spec: FaultSpec) -> np.ndarray:
-        params = dict(self.stored(spec))
+    def _predict_full(self, maps: Maps, memory: Memory) -> np.ndarray:
+        params = dict(self.stored(memory))
         for name, fmap in maps.items():
-            if fmap.n_faults and self._write_faulty(name, fmap, spec):
+            if fmap.n_faults and self._write_faulty(name, fmap, memory):
                 del params[name]  # the replica holds its faulty values already
             elif fmap.n_faults:
-                params[name] = self.faulty(name, fmap, spec)
+                params[name] = self.faulty(name, fmap, memory)
         return self._forward(params)
 
     # ---- the traced graph --------------------------------------------------------------------
@@ -320,45 +333,45 @@ class TorchEvaluator(SingleFaultPaths):
             self._graph = TracedGraph.trace(self.model) or False
         return self._graph or None
 
-    def _clean_env(self, spec: FaultSpec) -> list[dict[Any, Any]] | None:
+    def _clean_env(self, memory: Memory) -> list[dict[Any, Any]] | None:
         """Clean values of every node per data batch; None if the graph is not the model."""
         import torch
 
         g = self.graph()
         if g is None:
             return None
-        key = self._key(spec)
+        key = self._key(memory)
         if key not in g.clean:
             envs = []
             with torch.no_grad():
                 for b in self._batches():
                     env: dict[Any, Any] = {}
-                    run_nodes(self.model, g.nodes, env, self.stored(spec), self.x[b])
+                    run_nodes(self.model, g.nodes, env, self.stored(memory), self.x[b])
                     envs.append(env)
             preds = np.concatenate([predicted_labels(e[g.output].float().cpu().numpy())
                                     for e in envs])
             if not isinstance(envs[0][g.output], torch.Tensor) or not np.array_equal(
-                    preds, self.golden(spec)):
+                    preds, self.golden(memory)):
                 self._graph = False  # the trace does not reproduce the model: no reuse
                 return None
             g.clean[key] = envs
         return g.clean[key]
 
-    def _predict_layer(self, name: str, fmap: FaultMap, spec: FaultSpec) -> np.ndarray:
+    def _predict_layer(self, name: str, fmap: FaultMap, memory: Memory) -> np.ndarray:
         """Faults in one tensor: recompute only the nodes that depend on it."""
         import torch
 
-        envs = self._clean_env(spec)
+        envs = self._clean_env(memory)
         seeds = self.graph().seeds(name) if envs is not None else []
         if not seeds:
-            return self._predict_full({name: fmap}, spec)
+            return self._predict_full({name: fmap}, memory)
         g = self.graph()
         dirty = g.dependents(seeds)
         start = g.position[seeds[0]]
         if g.output not in dirty:
-            return self.golden(spec)
-        params = dict(self.stored(spec))
-        params[name] = self.faulty(name, fmap, spec)
+            return self.golden(memory)
+        params = dict(self.stored(memory))
+        params[name] = self.faulty(name, fmap, memory)
         preds = []
         with torch.no_grad():
             for b, clean in zip(self._batches(), envs, strict=True):

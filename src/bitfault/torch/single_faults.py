@@ -17,7 +17,7 @@ import numpy as np
 
 from bitfault.campaign.evaluator import predicted_labels, stores_elementwise
 from bitfault.maps import FaultMap
-from bitfault.spec import FaultSpec
+from bitfault.memory import Memory
 from bitfault.torch.graph import TracedGraph, run_nodes
 
 
@@ -51,13 +51,13 @@ class SingleFaultPaths:
                 and not seeds[0].kwargs)
 
     def _predict_singles(self, name: str, faults: list[tuple[int, int, int]],
-                         spec: FaultSpec) -> dict[int, np.ndarray]:
+                         memory: Memory) -> dict[int, np.ndarray]:
         """Single faults in one weight: (trial position, flat element, mask) each."""
-        envs = self._clean_env(spec)
+        envs = self._clean_env(memory)
         if envs is None:
-            return {k: self._predict_full({name: self._single_map(name, e, m)}, spec)
+            return {k: self._predict_full({name: self._single_map(name, e, m)}, memory)
                     for k, e, m in faults}
-        golden = self.golden(spec)
+        golden = self.golden(memory)
         preds = {k: golden.copy() for k, _, _ in faults}
         # faults on distinct elements can share one injection (the format acts per element)
         groups: list[list[tuple[int, int, int]]] = []
@@ -69,14 +69,14 @@ class SingleFaultPaths:
                 groups.append([])
             groups[k].append(f)
         for grp in groups:
-            self._singles_group(name, grp, spec, envs, preds)
+            self._singles_group(name, grp, memory, envs, preds)
         return preds
 
     def _single_map(self, name: str, element: int, mask: int) -> FaultMap:
         shape = tuple(self._clean[name].shape)
         return FaultMap(shape, np.array([element], np.int64), np.array([mask], np.uint32), name)
 
-    def _singles_group(self, name: str, faults: list[tuple[int, int, int]], spec: FaultSpec,
+    def _singles_group(self, name: str, faults: list[tuple[int, int, int]], memory: Memory,
                        envs: list[dict[Any, Any]], preds: dict[int, np.ndarray]) -> None:
         """Faults on distinct elements of one Linear/Conv weight, evaluated together."""
         import torch
@@ -88,7 +88,7 @@ class SingleFaultPaths:
         module = self.model.get_submodule(node.target)
         if isinstance(module, nn.Linear) and envs[0][node.args[0]].ndim != 2:
             for k, e, m in faults:  # (batch, ..., features) inputs: no column shortcut
-                preds[k] = self._predict_layer(name, self._single_map(name, e, m), spec)
+                preds[k] = self._predict_layer(name, self._single_map(name, e, m), memory)
             return
         dirty = g.dependents([node])
         if g.output not in dirty:
@@ -97,15 +97,15 @@ class SingleFaultPaths:
         order = np.argsort(elems)
         joint = FaultMap(shape, elems[order], np.array([m for _, _, m in faults],
                                                        np.uint32)[order], name)
-        stored_all = self.stored(spec)
+        stored_all = self.stored(memory)
         stored = stored_all[name]
         idx_all = torch.as_tensor(elems, device=self.device)
-        if stores_elementwise(spec.format):  # only the faulty elements change
+        if stores_elementwise(memory.format):  # only the faulty elements change
             new_all = torch.empty(len(faults), dtype=stored.dtype, device=self.device)
             sorted_idx = torch.as_tensor(order, device=self.device)
-            new_all[sorted_idx] = self._faulty_elements(name, idx_all[sorted_idx], joint, spec)
+            new_all[sorted_idx] = self._faulty_elements(name, idx_all[sorted_idx], joint, memory)
         else:
-            new_all = self.faulty(name, joint, spec).reshape(-1)[idx_all]
+            new_all = self.faulty(name, joint, memory).reshape(-1)[idx_all]
         params = {k: v for k, v in stored_all.items() if k != name}
         bias = stored_all.get(f"{node.target}.bias", module.bias)
         out_numel = envs[0][node][0].numel()
