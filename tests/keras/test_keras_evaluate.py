@@ -56,7 +56,7 @@ def test_bad_input(trained) -> None:
     with pytest.raises(ValueError, match=r"unknown tensor\(s\) \['fc9.weight'\]"):
         KerasEvaluator(model, x, y, targets=["fc9.weight"])
     with pytest.raises(ValueError, match="chose no tensor"):
-        KerasEvaluator(model, x, y, targets=lambda layer, path: False)
+        KerasEvaluator(model, x, y, filter_fn=lambda layer, path: False)
     for bad in (-1, 1.5, "1GB", True):
         with pytest.raises(ValueError, match="max_bytes must be a non-negative integer"):
             KerasEvaluator(model, x, y, max_bytes=bad)

@@ -87,14 +87,10 @@ def make_evaluator(model: Any, framework: str, x: Any, y: Any, c: CampaignConfig
     if framework == "torch":
         from bitfault.torch import TorchEvaluator
 
-        if isinstance(c.targets, str):
-            return TorchEvaluator(model, x, y, biases=c.targets == "weights+biases",
-                                  batch_size=1000)
-        return TorchEvaluator(model, x, y, targets=list(c.targets), batch_size=1000)
+        return TorchEvaluator(model, x, y, targets=c.targets, batch_size=1000)
     from bitfault.keras import KerasEvaluator
 
-    return KerasEvaluator(model, x, y, targets=None if isinstance(c.targets, str)
-                          else list(c.targets))
+    return KerasEvaluator(model, x, y, targets=c.targets)
 
 
 @dataclass

@@ -1,10 +1,14 @@
 """``inject_file``: apply a fault spec or saved fault maps to a saved model, write the copy.
 
-PyTorch: the file is a ``state_dict`` (``.pt``/``.pth``); a spec faults every float
-``*.weight`` tensor with two or more dimensions (Linear, Conv and Embedding weights,
-what campaigns fault) and, with ``targets`` including "biases", the ``*.bias`` beside
-them. Keras: a ``.keras`` file; the kernels (and biases) of Dense, EinsumDense, ConvND
-and Embedding layers, named and mapped in PyTorch layout as everywhere in bitfault.
+A spec's ``targets`` choose the tensors as they do in ``inject_`` / ``inject``.
+PyTorch: the file is a ``state_dict`` (``.pt``/``.pth``), chosen by
+``bitfault.torch.targets.state_dict_targets``: the weights are the float ``*.weight``
+tensors with two or more dimensions (Linear, Conv and Embedding weights: on a model
+built of those modules exactly what ``inject_`` faults), the biases the ``*.bias``
+beside them; include/exclude patterns narrow them (include patterns may name any float
+tensor); a tied tensor is faulted once. Keras: a ``.keras`` file; the kernels and biases
+of Dense, EinsumDense, ConvND and Embedding layers (``bitfault.keras.select_tensors``),
+named and mapped in PyTorch layout as everywhere in bitfault.
 Maps are applied to the tensors they name. Each chosen tensor becomes
 ``bitfault.inject(tensor, format, fault, map)``: stored in the format, faulted,
 decoded, exactly what the chip would hand back.
@@ -26,7 +30,9 @@ from bitfault.formats import format_from_dict
 from bitfault.inject import inject_with_stats
 from bitfault.maps import FaultMap
 from bitfault.spec import FaultSpec
+from bitfault.targets import Targets
 
+SAVED_KINDS = ("weights", "biases")  # what a saved model holds (activations: at run time)
 FRAMEWORK_BY_SUFFIX = {".pt": "torch", ".pth": "torch", ".keras": "keras"}
 Saver = Callable[[str], Any]
 
@@ -124,17 +130,20 @@ def inject_file(model_file: str | os.PathLike[str], output: str | os.PathLike[st
     fspec = None if spec is None else load_spec(spec)
     if maps:
         fspec = _spec_from_maps(_load_maps(maps), fspec)
-    if "activations" in fspec.targets and fspec.maps is None:
+    saved = tuple(k for k in fspec.targets.kinds if k in SAVED_KINDS)
+    if fspec.maps is None and (not saved or ("activations" in fspec.targets
+                               and not fspec.targets.include)):
         raise ValueError("spec targets 'activations': activation faults happen at run time "
                          "(bitfault.torch.inject_ / bitfault.keras.inject); a saved model "
                          "holds weights and biases only")
     check_output(model_file, output)
     if framework == "keras" and not os.fspath(output).endswith(".keras"):
         raise ValueError(f"{os.fspath(output)}: a Keras model is written as a .keras file")
+    targets = Targets(saved or SAVED_KINDS, fspec.targets.include, fspec.targets.exclude)
     if framework == "torch":
-        tensors, save = _inject_torch(model_file, fspec)
+        tensors, save = _inject_torch(model_file, fspec, targets)
     else:
-        tensors, save = _inject_keras(model_file, fspec)
+        tensors, save = _inject_keras(model_file, fspec, targets)
     write_atomically(output, save)
     return {"input": os.fspath(model_file), "output": os.fspath(output),
             "framework": framework, "format": fspec.format.to_dict(),
@@ -157,8 +166,11 @@ def _check_names(wanted: list[str], available: list[str]) -> None:
                          f"tensors are {sorted(available)}")
 
 
-def _inject_torch(model_file: Any, spec: FaultSpec) -> tuple[dict[str, Any], Saver]:
+def _inject_torch(model_file: Any, spec: FaultSpec, targets: Targets
+                  ) -> tuple[dict[str, Any], Saver]:
     import torch
+
+    from bitfault.torch.targets import state_dict_targets
 
     try:
         state = torch.load(model_file, map_location="cpu", weights_only=True)
@@ -174,12 +186,7 @@ def _inject_torch(model_file: Any, spec: FaultSpec) -> tuple[dict[str, Any], Sav
         names = list(spec.maps)
         _check_names(names, floats)
     else:
-        weights = [n for n in floats if n.endswith(".weight") or n == "weight"
-                   if state[n].ndim >= 2]
-        names = weights if "weights" in spec.targets else []
-        if "biases" in spec.targets:
-            names += [n[:-len("weight")] + "bias" for n in weights
-                      if n[:-len("weight")] + "bias" in state]
+        names = state_dict_targets(state, targets)
     if not names:
         raise ValueError(f"{os.fspath(model_file)}: no tensor to fault (no float *.weight "
                          "tensor with two or more dimensions)")
@@ -191,26 +198,30 @@ def _inject_torch(model_file: Any, spec: FaultSpec) -> tuple[dict[str, Any], Sav
             else t.detach().numpy()
         faulty, tensors[name] = _apply(name, clean, spec)
         out[name] = torch.from_numpy(faulty).to(t.dtype)
+        for other, u in state.items():  # a tied tensor is one memory: its other names too
+            if other != name and u is not t and _same_memory(u, t):
+                out[other] = out[name]
     return tensors, lambda path: torch.save(out, path)
 
 
-def _inject_keras(model_file: Any, spec: FaultSpec) -> tuple[dict[str, Any], Saver]:
+def _same_memory(a: Any, b: Any) -> bool:
+    return (a.numel() > 0 and a.data_ptr() == b.data_ptr() and a.shape == b.shape
+            and a.stride() == b.stride() and a.dtype == b.dtype)
+
+
+def _inject_keras(model_file: Any, spec: FaultSpec, targets: Targets
+                  ) -> tuple[dict[str, Any], Saver]:
     import keras
 
-    from bitfault.keras.inject import walk_layers
-    from bitfault.keras.layouts import is_supported, plan_slots
+    from bitfault.keras.targets import select_tensors
 
     try:
         model = keras.saving.load_model(model_file, compile=False)
     except Exception as exc:
         raise ValueError(f"{os.fspath(model_file)}: not a loadable Keras model "
                          f"({type(exc).__name__}: {exc})") from None
-    plan = spec if spec.maps is None else FaultSpec(ber=0.0, targets=("weights", "biases"))
-    slots = {}
-    for layer, path in walk_layers(model):
-        if is_supported(layer):
-            for slot in plan_slots(layer, path, plan, None):
-                slots[slot.name] = slot
+    slots = {s.name: s for s in select_tensors(
+        model, SAVED_KINDS if spec.maps is not None else targets)}
     if spec.maps is not None:
         _check_names(list(spec.maps), list(slots))
         slots = {n: slots[n] for n in spec.maps}

@@ -39,6 +39,7 @@ from bitfault.keras.recipes import (
     relu_sites,
     stored_weights,
 )
+from bitfault.keras.targets import select_tensors
 from bitfault.keras.train import evaluate, fit, randbet_step
 
 __all__ = [
@@ -67,5 +68,6 @@ __all__ = [
     "relu_bounds",
     "relu_sites",
     "resample",
+    "select_tensors",
     "stored_weights",
 ]

@@ -15,7 +15,7 @@ backends a variable is assigned when its value changes. Imports keras.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import keras
@@ -29,22 +29,21 @@ from bitfault.campaign.evaluator import (
     memory_key,
     predicted_labels,
 )
-from bitfault.keras.inject import walk_layers
-from bitfault.keras.layouts import Slot, is_supported, plan_slots
+from bitfault.keras.layouts import Slot
 from bitfault.keras.seam import faulty_elements, stored
+from bitfault.keras.targets import select_tensors, walk_layers
 from bitfault.maps import FaultMap
 from bitfault.memory import Memory, StoredArray
-from bitfault.spec import FaultSpec
-
-_WEIGHTS_ONLY = FaultSpec(ber=0.0)
 
 
 class KerasEvaluator:
     """Evaluate a Keras model under fault maps (the ``Evaluator`` protocol of ``run``).
 
-    ``targets``: None (the kernel of every Dense, EinsumDense, ConvND and Embedding
-    layer), a list of tensor names (``"<layer>.weight"``), or
-    ``filter(layer, path) -> bool`` choosing layers. With ``fast_paths`` (TensorFlow
+    ``targets``: what ``bitfault.Targets.coerce`` takes, of kind "weights" (default: the
+    kernel of every Dense, EinsumDense, ConvND and Embedding layer; a list of tensor names
+    such as ``"<layer>.weight"``, kept in its order), chosen by ``select_tensors`` as
+    ``inject`` chooses them; ``filter_fn(layer, path) -> bool`` (or globs on layer paths)
+    chooses layers. With ``fast_paths`` (TensorFlow
     backend, a functional or Sequential model) the golden run is computed once, and a
     trial whose faults sit in one layer's kernel runs the model from that layer on, from
     the cached fault-free activations at its input (the same operations on the same
@@ -53,7 +52,7 @@ class KerasEvaluator:
     """
 
     def __init__(self, model: keras.Model, x: Any, y: Any,
-                 targets: Sequence[str] | Callable[[Any, str], bool] | None = None,
+                 targets: Any = "weights", filter_fn: Any = None,
                  batch_size: int = 1000, fast_paths: bool = True,
                  max_bytes: int = 256 << 20) -> None:
         self.x = np.asarray(x)
@@ -67,13 +66,8 @@ class KerasEvaluator:
         self.max_bytes = check_max_bytes(max_bytes)
         self._model = keras.models.clone_model(model)
         self._model.set_weights(model.get_weights())
-        slots = _slots_of(self._model, targets if callable(targets) else None)
-        if isinstance(targets, Sequence) and not isinstance(targets, str):
-            unknown = sorted(set(targets) - set(slots))
-            if unknown:
-                raise ValueError(f"targets name unknown tensor(s) {unknown}; this model's "
-                                 f"tensors are {sorted(slots)}")
-            slots = {n: slots[n] for n in targets}
+        slots = {s.name: s for s in select_tensors(self._model, targets, filter_fn,
+                                                   kinds=("weights",))}
         if not slots:
             raise ValueError("targets chose no tensor: the model has no Dense, EinsumDense, "
                              "ConvND or Embedding layer (or the filter matched none)")
@@ -179,7 +173,7 @@ class KerasEvaluator:
     def __setstate__(self, state: dict[str, Any]) -> None:
         names = state["_slots"]
         self.__dict__.update(state)
-        found = _slots_of(self._model, None)
+        found = {s.name: s for s in select_tensors(self._model)}
         self._slots = {n: found[n] for n in names}
 
     def _memories_for(self, memory: Memory) -> tuple[tuple[str, str], dict[str, _Memory]]:
@@ -271,16 +265,6 @@ class _Memory:
         flat[keras_index] = values
         self._changed = keras_index
         return self._faulty
-
-
-def _slots_of(model: keras.Model, accept: Callable[[Any, str], bool] | None) -> dict[str, Slot]:
-    """The kernel slot of every supported layer of ``model`` (that ``accept`` chooses)."""
-    slots: dict[str, Slot] = {}
-    for layer, path in walk_layers(model):
-        if is_supported(layer) and (accept is None or accept(layer, path)):
-            for slot in plan_slots(layer, path, _WEIGHTS_ONLY, None):
-                slots[slot.name] = slot
-    return slots
 
 
 __all__ = ["KerasEvaluator"]

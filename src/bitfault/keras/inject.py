@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import fnmatch
 import functools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import keras
@@ -12,25 +11,11 @@ import keras
 from bitfault.keras.layers import FaultyLayer, as_spec
 from bitfault.keras.layouts import SUPPORTED_NAMES, draw_maps, is_supported, plan_slots
 from bitfault.keras.seam import check_supported
+from bitfault.keras.targets import as_filter, is_graph_model, walk_layers
 from bitfault.maps import FaultMap
 from bitfault.spec import FaultSpec
 
 FilterFn = Callable[[keras.layers.Layer, str], bool] | str | Sequence[str]
-
-
-def _is_graph_model(model: Any) -> bool:
-    return isinstance(model, keras.Sequential) or (
-        isinstance(model, keras.Model) and type(model).__name__ == "Functional")
-
-
-def walk_layers(model: keras.Model, prefix: str = "") -> Iterator[tuple[keras.layers.Layer, str]]:
-    """Every leaf layer with its dotted path (nested Sequential/Functional models recursed)."""
-    for layer in model.layers:
-        path = f"{prefix}{layer.name}"
-        if _is_graph_model(layer):
-            yield from walk_layers(layer, f"{path}.")
-        elif not isinstance(layer, keras.layers.InputLayer):
-            yield layer, path
 
 
 def faulty_layers(model: keras.Model) -> list[FaultyLayer]:
@@ -78,18 +63,15 @@ def _choose(model: keras.Model, spec: FaultSpec,
             filter_fn: FilterFn | None) -> dict[int, tuple[str, dict[str, FaultMap]]]:
     """id(layer) -> (tensor prefix, maps) for every chosen layer; all checks happen here."""
     chosen: dict[int, tuple[str, dict[str, FaultMap]]] = {}
-    seen = []
-    if isinstance(filter_fn, str):
-        filter_fn = [filter_fn]
-    if isinstance(filter_fn, (list, tuple)) and all(isinstance(p, str) for p in filter_fn):
-        patterns = tuple(filter_fn)
-        filter_fn = lambda layer, path: any(fnmatch.fnmatchcase(path, p) for p in patterns)  # noqa: E731
+    seen: list[str] = []
+    candidates: list[str] = []
+    accept = as_filter(filter_fn)
     for layer, path in walk_layers(model):
         seen.append(path)
         if isinstance(layer, FaultyLayer):
             raise ValueError(f"model already has faults injected (layer {path!r} is a "
                              "FaultyLayer); inject into the clean model")
-        pick = filter_fn(layer, path) if filter_fn is not None else is_supported(layer)
+        pick = accept(layer, path) if accept is not None else is_supported(layer)
         if not pick:
             continue
         if not is_supported(layer):
@@ -100,16 +82,22 @@ def _choose(model: keras.Model, spec: FaultSpec,
                              "or give it an Input) before inject")
         output_shape = _output_shape(layer, path) if "activations" in spec.targets else None
         slots = plan_slots(layer, path, spec, output_shape)
+        candidates.extend(s.name for s in slots)
+        slots = [s for s in slots if spec.targets.selects(s.name, s.target)]
         chosen[id(layer)] = (path, draw_maps(slots, spec, 0 if spec.persistence ==
                                              "transient" else None))
     if not chosen:
         what = "filter_fn matched no layer" if filter_fn is not None else (
             f"the model has no {SUPPORTED_NAMES} layer")
         raise ValueError(f"{what}; the model's layers: {seen}")
+    unknown = spec.targets.unmatched(candidates)
+    if unknown:
+        raise ValueError(f"targets names unknown tensor(s) {unknown}; the chosen layers' "
+                         f"tensors are {sorted(candidates)}")
     names = {name for _, maps in chosen.values() for name in maps}
     if not names:
-        raise ValueError(f"targets={list(spec.targets)} name no tensor of the chosen layers "
-                         f"{[path for path, _ in chosen.values()][:8]}")
+        raise ValueError(f"targets={list(spec.targets.kinds)} name no tensor of the chosen "
+                         f"layers {[path for path, _ in chosen.values()][:8]}")
     if spec.maps is not None:
         unknown = sorted(set(spec.maps) - names)
         if unknown:
@@ -125,7 +113,8 @@ def inject(model: keras.Model, spec: FaultSpec | dict[str, Any],
     Chosen by default: every Dense, EinsumDense, Conv1D/2D/3D and Embedding
     layer, or those for which ``filter_fn(layer, path)`` is true (``path``:
     the layer's name, dotted through nested models: also the tensor-name
-    prefix); a glob string or list of globs matches paths. Weights are
+    prefix); a glob string or list of globs matches paths. Of each, the tensors
+    ``spec.targets`` chooses by kind and name (``bitfault.keras.select_tensors``). Weights are
     copied over; the new model is not compiled. Transient specs start at
     step 0; the new model's ``fit``/``evaluate``/``predict`` add a
     ``ResampleFaults`` callback (unless given one), ``resample`` sets a step.
@@ -134,16 +123,11 @@ def inject(model: keras.Model, spec: FaultSpec | dict[str, Any],
     check_supported(spec.format, spec.fault)
     if not isinstance(model, keras.Model):
         raise TypeError(f"model must be a keras.Model, got {type(model).__name__}")
-    if not _is_graph_model(model):
+    if not is_graph_model(model):
         raise TypeError(f"model must be a Sequential or Functional model, got the subclassed "
                         f"{type(model).__name__}; wrap its layers in bitfault.keras.FaultyLayer "
                         "instead")
-    if filter_fn is not None and not callable(filter_fn) and not (
-            isinstance(filter_fn, (str, list, tuple))
-            and all(isinstance(p, str) for p in ([filter_fn] if isinstance(filter_fn, str)
-                                                 else filter_fn))):
-        raise TypeError(f"filter_fn must be a callable (layer, path) -> bool or glob pattern(s) "
-                        f"on layer paths, got {filter_fn!r}")
+    as_filter(filter_fn)  # a bad filter is refused before anything else
     chosen = _choose(model, spec, filter_fn)
     clones: list[tuple[keras.layers.Layer, keras.layers.Layer]] = []
 
@@ -192,4 +176,4 @@ def _resample_in_every_run(model: keras.Model) -> None:
         setattr(model, name, wrap(getattr(model, name)))
 
 
-__all__ = ["fault_maps", "faulty_layers", "inject", "resample", "walk_layers"]
+__all__ = ["fault_maps", "faulty_layers", "inject", "resample"]

@@ -30,9 +30,9 @@ from bitfault.keras.layouts import (
     dense_mask,
     draw_maps,
     is_supported,
-    plan_slots,
 )
 from bitfault.keras.seam import channel_axis, check_supported, fused, straight_through
+from bitfault.keras.targets import layer_slots
 from bitfault.maps import FaultMap
 from bitfault.spec import FaultSpec
 
@@ -140,7 +140,7 @@ class FaultyLayer(keras.layers.Wrapper):
         output_shape = None
         if "activations" in self.spec.targets:
             output_shape = tuple(self.layer.compute_output_shape(input_shape))
-        slots = plan_slots(self.layer, self.tensor_prefix, self.spec, output_shape)
+        slots = layer_slots(self.layer, self.tensor_prefix, self.spec, output_shape)
         maps = self._preset_maps or draw_maps(slots, self.spec, self.step)
         masks = []
         for slot in slots:

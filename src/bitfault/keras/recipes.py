@@ -281,9 +281,9 @@ def bound_relus(model: keras.Model, thresholds: float | Mapping[str, float]) -> 
     """
     _check_model(model)
     _thresholds_by_site(model, thresholds)  # validate before cloning
-    from bitfault.keras.inject import _is_graph_model
+    from bitfault.keras.targets import is_graph_model
 
-    if not _is_graph_model(model):
+    if not is_graph_model(model):
         raise TypeError(f"bound_relus clones Sequential and Functional models; for the "
                         f"subclassed {type(model).__name__} use bound_relus_ (in place)")
     new = keras.models.clone_model(model, recursive=True)

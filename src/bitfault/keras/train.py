@@ -25,7 +25,7 @@ import tensorflow as tf
 from bitfault.errors import check_int
 from bitfault.faults import BitFlip
 from bitfault.formats import Format
-from bitfault.keras.inject import _is_graph_model, faulty_layers, inject, resample
+from bitfault.keras.inject import faulty_layers, inject, resample
 from bitfault.keras.layers import _substituted
 from bitfault.keras.recipes import (
     _leaves,
@@ -38,6 +38,7 @@ from bitfault.keras.recipes import (
     stored_weights,
 )
 from bitfault.keras.seam import check_supported
+from bitfault.keras.targets import is_graph_model
 from bitfault.recipes import (
     CALIBRATION_SAMPLES,
     OPTIMIZERS,
@@ -83,7 +84,7 @@ def _check(model: Any, recipe: Any, *, fault_aware_ok: bool = True) -> Recipe:
             raise ValueError("recipe: randbet_step runs format/randbet recipes; fault_aware "
                              "recipes train through inject (use fit)")
         check_supported(recipe.fault_aware.format, recipe.fault_aware.fault)
-        if not _is_graph_model(model):
+        if not is_graph_model(model):
             raise TypeError("recipe.fault_aware trains through bitfault.keras.inject, which "
                             f"needs a Sequential or Functional model, got {type(model).__name__}")
     elif recipe.format is not None:

@@ -22,7 +22,7 @@ lazily.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +43,7 @@ from bitfault.memory import Memory, StoredArray
 from bitfault.torch.graph import TracedGraph, run_nodes
 from bitfault.torch.single_faults import SingleFaultPaths
 
-TargetSpec = Sequence[str] | Callable[[Any, str], bool] | None
+EVALUATED_KINDS = ("weights", "biases", "buffers")  # stored tensors; activations: inject_
 
 
 @dataclass(frozen=True)
@@ -57,23 +57,25 @@ class _Patched:
 class TorchEvaluator(SingleFaultPaths):
     """A PyTorch model on a dataset, implementing the campaign ``Evaluator`` protocol.
 
-    ``targets``: None (the weights of every Linear, Conv1d/2d/3d and Embedding,
-    plus their biases when ``biases=True``), a list of tensor names
-    (``"fc1.weight"``), or ``filter(module, name) -> bool`` choosing modules.
+    ``targets``: what ``bitfault.Targets.coerce`` takes, of kinds "weights", "biases"
+    and "buffers" (default "weights": the weights of every Linear, Conv1d/2d/3d and
+    Embedding; "weights+biases"; a list of tensor names such as ``"fc1.weight"``,
+    kept in its order), chosen by ``select_tensors`` as ``inject_`` chooses them;
+    ``filter_fn(module, name) -> bool`` (or globs on module names) chooses modules.
     ``batch_size``: examples per forward pass (None: all at once).
     ``fast_paths=False`` turns off graph reuse and the single-fault shortcut
     (every trial then runs the whole model). ``max_bytes`` bounds the stacked
     activations of the single-fault path.
     """
 
-    def __init__(self, model: Any, x: Any, y: Any, targets: TargetSpec = None, *,
-                 biases: bool = False, batch_size: int | None = None, device: str = "cpu",
+    def __init__(self, model: Any, x: Any, y: Any, targets: Any = "weights", *,
+                 filter_fn: Any = None, batch_size: int | None = None, device: str = "cpu",
                  fast_paths: bool = True, max_bytes: int = 256 << 20) -> None:
         import torch
         from torch import nn
 
-        from bitfault.torch import DEFAULT_MODULES
         from bitfault.torch.seam import check_float_dtype
+        from bitfault.torch.targets import select_tensors
 
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -98,27 +100,11 @@ class TorchEvaluator(SingleFaultPaths):
         self.batch_size = batch_size
         self.fast_paths = bool(fast_paths)
         self.max_bytes = max_bytes
-        tensors = dict(self.model.named_parameters())
-        tensors.update(self.model.named_buffers())
-        if targets is None or callable(targets):
-            accept = targets or (lambda m, fqn: isinstance(m, DEFAULT_MODULES))
-            names = []
-            for fqn, mod in self.model.named_modules():
-                if accept(mod, fqn):
-                    for leaf in ("weight",) + (("bias",) if biases else ()):
-                        if isinstance(getattr(mod, leaf, None), torch.Tensor):
-                            names.append(f"{fqn}.{leaf}" if fqn else leaf)
-        elif isinstance(targets, str):
-            raise TypeError("targets must be a list of tensor names, a filter function or None; "
-                            f"got the string {targets!r} (wrap it in a list)")
-        else:
-            names = list(targets)
-            unknown = [n for n in names if n not in tensors]
-            if unknown:
-                raise ValueError(f"targets names unknown tensor(s) {unknown}; the model's tensors "
-                                 f"are {sorted(tensors)}")
-        if not names:
+        chosen = select_tensors(self.model, targets, filter_fn, kinds=EVALUATED_KINDS)
+        if not chosen:
             raise ValueError("targets selects no tensor of the model")
+        tensors = {t.name: t.tensor for t in chosen}
+        names = list(tensors)
         for n in names:
             check_float_dtype(tensors[n].dtype, f"target tensor {n!r}")
         self.names = list(dict.fromkeys(names))
