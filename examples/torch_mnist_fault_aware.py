@@ -76,7 +76,7 @@ def main() -> None:
     spec = bf.FaultSpec(format=FORMATS[args.format](), ber=args.ber, seed=args.seed,
                         targets=tuple(args.targets.split(",")))
     print(f"{len(xtr)} training and {len(xte)} test digits; MLP 784-{args.hidden}-"
-          f"{args.hidden}-10; {spec.format}; ber {args.ber}; targets {list(spec.targets)}")
+          f"{args.hidden}-10; {spec.format}; ber {args.ber}; targets {list(spec.targets.kinds)}")
     print(f"{'training':34} {'clean memory':>12} {'faulty memory':>13}   (test accuracy)")
     for label, gradient in (("clean (no faults)", None), ("fault-aware, ste (the fix)", "ste"),
                             ("fault-aware, blocked (seed's bug)", "blocked")):
@@ -92,8 +92,8 @@ def main() -> None:
         handle.remove()  # the clean weights, exactly as trained
         clean = accuracy(model, xte, yte)
         print(f"{label:34} {clean:12.3f} {faulty:13.3f}")
-    print(f"{faults} faulty bits in the chip's {', '.join(spec.targets)}; 'blocked' trains only "
-          f"what the faults leave untouched, as the seed program did. "
+    print(f"{faults} faulty bits in the chip's {', '.join(spec.targets.kinds)}; 'blocked' "
+          f"trains only what the faults leave untouched, as the seed program did. "
           f"{time.perf_counter() - start:.1f} s in all.")
 
 
