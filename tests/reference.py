@@ -12,6 +12,8 @@ The two array helpers at the end only read arrays out into Python ints.
 
 from __future__ import annotations
 
+import bisect
+import functools
 import math
 import struct
 from collections.abc import Iterable, Sequence
@@ -21,6 +23,19 @@ from typing import Any
 import numpy as np
 
 FLOAT_LAYOUTS = {"float32": (32, 8, 23), "float16": (16, 5, 10), "bfloat16": (16, 8, 7)}
+
+SMALL_FLOAT_LAYOUTS = {
+    # name: (exponent bits, mantissa bits, sign bit?, what the top codes mean), from the OCP
+    # 8-bit float and MX specifications: "ieee": the top exponent is +-inf (mantissa 0) and
+    # NaN; "fn": only exponent and mantissa all ones is NaN; "none": all codes finite;
+    # "fnu": unsigned, no zero or subnormals, 0xFF is NaN
+    "float8_e4m3fn": (4, 3, True, "fn"),
+    "float8_e5m2": (5, 2, True, "ieee"),
+    "float6_e2m3fn": (2, 3, True, "none"),
+    "float6_e3m2fn": (3, 2, True, "none"),
+    "float4_e2m1fn": (2, 1, True, "none"),
+    "float8_e8m0fnu": (8, 0, False, "fnu"),
+}
 
 
 class OverflowPolicyError(ValueError):
@@ -48,6 +63,14 @@ def field_positions(kind: str, bits: int, frac: int = 0, dtype: str = "") -> dic
                   "fraction": list(range(frac))}
     elif kind == "int_quant":
         fields = {"sign": [bits - 1], "magnitude": list(range(bits - 1))}
+    elif kind == "float" and dtype in SMALL_FLOAT_LAYOUTS:
+        e, m, signed, _ = SMALL_FLOAT_LAYOUTS[dtype]
+        bits = e + m + signed
+        fields = {"exponent": list(range(m, m + e))}
+        if signed:
+            fields["sign"] = [bits - 1]
+        if m:
+            fields["mantissa"] = list(range(m))
     elif kind == "float":
         width, e, m = FLOAT_LAYOUTS[dtype]
         bits = width
@@ -146,6 +169,117 @@ def float_from_bits(word: int, dtype: str) -> float:
     if dtype == "bfloat16":
         return struct.unpack("<f", struct.pack("<I", (word % (1 << 16)) << 16))[0]
     raise AssertionError(dtype)
+
+
+# ---- the small floats (float8 / float6 / float4, E8M0) -------------------------------------
+
+
+def small_float_width(name: str) -> int:
+    e, m, signed, _ = SMALL_FLOAT_LAYOUTS[name]
+    return e + m + signed
+
+
+def small_float_exact(word: int, name: str) -> Fraction | str:
+    """The exact value of a small-float pattern: a Fraction, or "nan" / "+inf" / "-inf"."""
+    e_bits, m_bits, signed, specials = SMALL_FLOAT_LAYOUTS[name]
+    width = e_bits + m_bits + signed
+    word %= 1 << width
+    negative = signed and word >> (width - 1) == 1
+    e = (word >> m_bits) % (1 << e_bits)
+    m = word % (1 << m_bits)
+    top_e, top_m = (1 << e_bits) - 1, (1 << m_bits) - 1
+    bias = 2 ** (e_bits - 1) - 1
+    if specials == "ieee" and e == top_e:
+        return "nan" if m else ("-inf" if negative else "+inf")
+    if specials in ("fn", "fnu") and e == top_e and m == top_m:
+        return "nan"
+    if specials == "fnu":  # no zero, no subnormals: 2**(e - bias)
+        value = Fraction(2) ** (e - bias)
+    elif e == 0:
+        value = Fraction(m, 2**m_bits) * Fraction(2) ** (1 - bias)
+    else:
+        value = (1 + Fraction(m, 2**m_bits)) * Fraction(2) ** (e - bias)
+    return -value if negative else value
+
+
+def small_float_value(word: int, name: str) -> float:
+    """``small_float_exact`` as a Python float (exact: every value fits a float64); -0.0 kept."""
+    v = small_float_exact(word, name)
+    if isinstance(v, str):
+        return {"nan": math.nan, "+inf": math.inf, "-inf": -math.inf}[v]
+    _, _, signed, _ = SMALL_FLOAT_LAYOUTS[name]
+    width = small_float_width(name)
+    if v == 0 and signed and (word % (1 << width)) >> (width - 1):
+        return -0.0
+    return float(v)
+
+
+@functools.cache
+def _small_float_magnitudes(name: str) -> list[tuple[Fraction, int | None]]:
+    """(value, code) of every finite non-negative code, ascending, then the value one step
+    past the largest (code None): what a value that overflows rounds to."""
+    e_bits, m_bits, signed, _ = SMALL_FLOAT_LAYOUTS[name]
+    codes = range(1 << (e_bits + m_bits))  # the sign bit clear
+    finite = sorted((v, c) for c in codes
+                    if not isinstance(v := small_float_exact(c, name), str))
+    largest = finite[-1][0]
+    step = Fraction(2) ** (math.floor(math.log2(largest)) - m_bits)  # its spacing (exact here)
+    return [*finite, (largest + step, None)]
+
+
+def small_float_bits(x: float, name: str, overflow: str = "saturate") -> int:
+    """The pattern of ``x``: nearest value, exact ties to the even code (E8M0: to the larger
+    value), then the overflow policy of bitfault's docs ("saturate": everything but NaN
+    becomes finite; "nan": overflow is inf where the format has it, else NaN; "error":
+    OverflowPolicyError for what it cannot store). NaN: the format's NaN with x's sign
+    (E5M2: its quiet NaN S.11111.10), or +0 under "saturate" where there is none."""
+    e_bits, m_bits, signed, specials = SMALL_FLOAT_LAYOUTS[name]
+    width = e_bits + m_bits + signed
+    sign = (1 << (width - 1)) if signed and math.copysign(1.0, x) < 0 else 0
+    mags = _small_float_magnitudes(name)
+    largest_code = mags[-2][1]
+    nan_code = {"fn": (1 << (width - 1)) - 1, "ieee": (((1 << e_bits) - 1) << m_bits)
+                | (1 << (m_bits - 1)) if m_bits else 0, "fnu": 0xFF, "none": None}[specials]
+    inf_code = ((1 << e_bits) - 1) << m_bits if specials == "ieee" else None
+
+    def out_of_range() -> int:
+        if overflow == "error":
+            raise OverflowPolicyError(x)
+        if overflow == "saturate":
+            return sign | largest_code
+        return sign | (inf_code if inf_code is not None else nan_code)
+
+    if math.isnan(x):
+        if nan_code is not None:
+            return sign | nan_code
+        if overflow == "error":
+            raise OverflowPolicyError(x)
+        return 0
+    if not signed and x <= 0:  # no zero, no negatives: the smallest value or NaN
+        if overflow == "error":
+            raise OverflowPolicyError(x)
+        return 0 if overflow == "saturate" else nan_code
+    if math.isinf(x):
+        if inf_code is not None and overflow != "saturate":
+            return sign | inf_code
+        return out_of_range()
+    target = abs(Fraction(x))
+    at = bisect.bisect_left([v for v, _ in mags], target)
+    if at == len(mags):  # beyond even the value past the largest
+        return out_of_range()
+    neighbours = mags[max(at - 1, 0):at + 1]  # the nearest value below and the one above
+    best = min(neighbours, key=lambda vc: abs(vc[0] - target))
+    tied = [vc for vc in neighbours if abs(vc[0] - target) == abs(best[0] - target)]
+    if len(tied) == 2:
+        low, high = tied
+        if specials == "fnu":
+            best = high
+        else:  # the even code; the value past the largest has the code after it
+            high_code = high[1] if high[1] is not None else largest_code + 1
+            best = high if high_code % 2 == 0 else low
+    if best[1] is None:
+        return out_of_range()
+    return sign | best[1]
 
 
 # ---- fixed point ---------------------------------------------------------------------------

@@ -324,7 +324,7 @@ def test_the_message_check_catches_what_it_forbids() -> None:
      "key, one of ('fixed_point', 'int_quant', 'float')"),
     ({"recipes": [{"name": "a", "format": {"kind": "float", "bits": 8}}]},
      "config key 'recipes[0].format': got {'kind': 'float', 'bits': 8}; allowed: unknown key(s) "
-     "['bits'] for format 'float'; allowed: ['dtype', 'kind']"),
+     "['bits'] for format 'float'; allowed: ['dtype', 'kind', 'overflow']"),
     ({"campaign": {"fault": {"kind": "melt"}}},
      "config key 'campaign.fault': got {'kind': 'melt'}; allowed: fault kind must be 'bit_flip' "
      "or 'stuck_at'"),

@@ -547,5 +547,6 @@ def test_policy_names_rejected_with_the_allowed_values():
     with pytest.raises(ValueError, match="per_channel axis 2 is out of range"):
         IntQuant(8, per_channel=2).calibrate(np.zeros((2, 2)))
     with pytest.raises(ValueError,
-                       match=r"dtype must be one of \('float32', 'float16', 'bfloat16'\)"):
+                       match=r"dtype must be one of \('float32', 'float16', 'bfloat16', "
+                             r"'float8_e4m3fn', .*'float8_e8m0fnu'\), got 'float64'"):
         Float("float64")

@@ -2,7 +2,8 @@
 
 ``base`` holds what formats share (the ``Format`` protocol, the registry of kinds that
 ``format_from_dict`` reads, ``QuantParams``, the container helpers); each format is one
-module: ``fixed`` (FixedPoint), ``intquant`` (IntQuant), ``floats`` (Float).
+module: ``fixed`` (FixedPoint), ``intquant`` (IntQuant), ``floats`` (Float), whose small
+floats (float8/6/4 and the E8M0 scale) use the generic codec of ``minifloat``.
 """
 
 from bitfault.formats.base import (
