@@ -48,6 +48,9 @@ FORMATS = [
     bf.IntQuant(8), bf.IntQuant(4, symmetric=False), bf.IntQuant(8, codes="unsigned"),
     bf.IntQuant(32), bf.IntQuant(32, symmetric=False), bf.IntQuant(16, rounding="trunc"),
     bf.Float("float32"), bf.Float("float16"), bf.Float("bfloat16"),
+    bf.Float("float8_e4m3fn"), bf.Float("float8_e4m3fn", "nan"), bf.Float("float8_e5m2"),
+    bf.Float("float8_e5m2", "nan"), bf.Float("float6_e2m3fn"), bf.Float("float6_e3m2fn"),
+    bf.Float("float4_e2m1fn"), bf.Float("float8_e8m0fnu"), bf.Float("float8_e8m0fnu", "nan"),
 ]
 FAULTS = [bf.BitFlip(), bf.StuckAt(0), bf.StuckAt(1)]
 
@@ -107,3 +110,24 @@ def test_restricted_bits_only_touch_eligible_positions() -> None:
 def test_overflow_error_format_is_refused_clearly() -> None:
     with pytest.raises(ValueError, match=r"overflow='error'\) is not supported"):
         fault_function(bf.FixedPoint(16, 8, overflow="error"), bf.BitFlip())
+    with pytest.raises(ValueError, match=r"Float\('float8_e4m3fn', overflow='error'\) is not "):
+        fault_function(bf.Float("float8_e4m3fn", "error"), bf.BitFlip())
+
+
+@pytest.mark.parametrize("name", ["float8_e4m3fn", "float8_e5m2", "float6_e2m3fn",
+                                  "float6_e3m2fn", "float4_e2m1fn", "float8_e8m0fnu"])
+@pytest.mark.parametrize("mode", ["eager", "xla"])
+def test_small_floats_at_every_code_and_midpoint_match_core_inject(name: str, mode: str) -> None:
+    """Every value the format holds, the ties between them, and float32 subnormals."""
+    fmt = bf.Float(name)
+    codes = np.arange(2**fmt.bits, dtype=np.uint8).view(np.int8)
+    values = fmt.decode(codes, dtype=np.float64)
+    values = np.unique(values[np.isfinite(values)])
+    mids = (values[1:] + values[:-1]) / 2
+    x = np.concatenate([values, mids, np.nextafter(mids.astype(np.float32), np.float32(0)),
+                        -mids, [1e-40, -1e-40, 2.0**-149, np.nan, -np.nan]]).astype(np.float32)
+    fmap = bf.FaultMap.random(x.shape, fmt, ber=0.05, seed=8, name="t")
+    for fault in FAULTS:
+        mask = fmap.restricted(fault.eligible_mask(fmt)).to_dense(fmt.container)
+        got = run(fault_function(fmt, fault), x, mask, mode)
+        assert same_bits(got, bf.inject(x, fmt, fault, fmap)), fault

@@ -29,7 +29,10 @@ FORMATS = [
     bf.IntQuant(4, per_channel=True), bf.IntQuant(8, codes="unsigned"),
     bf.IntQuant(8, symmetric=False, per_channel=1, rounding="trunc"),
     bf.IntQuant(16, symmetric=False, codes="signed"), bf.Float("float32"), bf.Float("float16"),
-    bf.Float("bfloat16"),
+    bf.Float("bfloat16"), bf.Float("float8_e4m3fn"), bf.Float("float8_e4m3fn", "nan"),
+    bf.Float("float8_e5m2"), bf.Float("float8_e5m2", "nan"), bf.Float("float6_e2m3fn"),
+    bf.Float("float6_e3m2fn"), bf.Float("float4_e2m1fn"), bf.Float("float8_e8m0fnu"),
+    bf.Float("float8_e8m0fnu", "nan"),
 ]
 FAULTS = [bf.BitFlip(), bf.StuckAt(0), bf.StuckAt(1)]
 EDGES = [0.0, -0.0, np.nan, np.inf, -np.inf, 1e-30, -1e-30, 7.999999, 8.0, -8.0, 1e6, -1e6,
@@ -66,6 +69,22 @@ def test_inject_matches_core_bit_for_bit(fmt, dtype):
         got = inject(torch.from_numpy(x.copy()), fmt, fault, fmap).numpy()
         assert got.dtype == expected.dtype
         assert np.array_equal(_bits(got), _bits(expected)), (fault, finite)
+
+
+@pytest.mark.parametrize("name", ["float8_e4m3fn", "float8_e5m2", "float4_e2m1fn",
+                                  "float8_e8m0fnu"])
+def test_small_float_overflow_error_raises_the_core_error(name):
+    fmt = bf.Float(name, "error")
+    x = np.ones((3, 4), np.float32)
+    fmap = bf.FaultMap.random(x.shape, fmt, ber=0.1, seed=0)
+    assert np.array_equal(_bits(inject(torch.from_numpy(x), fmt, bf.BitFlip(), fmap).numpy()),
+                          _bits(bf.inject(x, fmt, bf.BitFlip(), fmap)))
+    x[1, 2] = -1.0 if name == "float8_e8m0fnu" else 1e30  # E8M0 stores no negative value
+    with pytest.raises(ValueError) as core:
+        bf.inject(x, fmt, bf.BitFlip(), fmap)
+    with pytest.raises(ValueError, match=r"index \(1, 2\)") as got:
+        inject(torch.from_numpy(x), fmt, bf.BitFlip(), fmap)
+    assert str(got.value) == str(core.value)
 
 
 def test_int_quant_refuses_non_finite_like_the_core():

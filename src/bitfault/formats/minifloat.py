@@ -162,7 +162,7 @@ class MiniFloat:
         keep_inf = over & np.isinf(x64) & self.has_infinity & (overflow != "saturate")
         mapped = over & ~keep_inf
         if overflow == "error":
-            self._raise_on(mapped | low | (nan & (self.nan_code is None)), x64)
+            self.check_storable(mapped | low | (nan & (self.nan_code is None)), x64)
         if mapped.any():
             to_inf = self.has_infinity and overflow == "nan"
             target = (self.inf_code if to_inf else self.nan_code if overflow == "nan"
@@ -180,7 +180,9 @@ class MiniFloat:
             n_mapped += np.count_nonzero(nan)
         return codes, int(n_mapped)
 
-    def _raise_on(self, bad: np.ndarray, x: np.ndarray) -> None:
+    def check_storable(self, bad: np.ndarray, x: np.ndarray) -> None:
+        """Raise overflow='error''s ValueError at the first ``bad`` value of ``x`` (the
+        backends raise the core's message through it)."""
         if not bad.any():
             return
         index, value = first_bad(bad, x)

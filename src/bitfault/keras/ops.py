@@ -181,4 +181,46 @@ def float_fault(fmt: Float, fault: FaultModel) -> FaultFn:
     return run
 
 
-__all__ = ["FaultFn", "fixed_point_fault", "float_fault", "int_quant_fault"]
+def small_float_fault(fmt: Float, fault: FaultModel) -> FaultFn:
+    """A small float (``Float("float8_e4m3fn")`` ...): ``MiniFloat.encode`` on float32 bit
+    patterns (a non-negative float's bits order as its value, so the rounding compares
+    integers and no denormal flushing can touch it), faulted, decoded by table lookup."""
+    codec = fmt.codec
+    if codec is None:
+        raise TypeError(f"small_float_fault needs a small float, got {fmt!r}")
+    n = codec.n_finite
+    mid = tf.constant(codec.midpoints.astype(np.float32).view(np.int32))
+    tie_up = tf.constant(codec.tie_up)
+    table = tf.constant(codec.decode_table(np.float32).view(np.int32))
+    saturate, to_nan = fmt.overflow == "saturate", fmt.overflow == "nan"
+    target = (codec.inf_code if codec.has_infinity else codec.nan_code) if to_nan else n - 1
+    nan_code = 0 if codec.nan_code is None else codec.nan_code
+
+    def run(x: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
+        bits = tf.bitcast(x, tf.int32)
+        mag = tf.bitwise.bitwise_and(bits, 0x7FFFFFFF)
+        idx = tf.reshape(tf.searchsorted(mid, tf.reshape(mag, [-1]), side="left"),
+                         tf.shape(mag))
+        at = tf.minimum(idx, n - 1)
+        tie = (idx < n) & tf.equal(mag, tf.gather(mid, at)) & tf.gather(tie_up, at)
+        idx = idx + tf.cast(tie, tf.int32)
+        none = tf.zeros_like(bits, tf.bool)
+        sign = tf.where(bits < 0, codec.sign_bit, 0) if codec.signed else tf.zeros_like(bits)
+        nan = mag > 0x7F800000
+        low = none if codec.signed else ~nan & ((bits < 0) | tf.equal(mag, 0))
+        over = ~nan & ~low & (idx >= n)
+        keep_inf = over & tf.equal(mag, 0x7F800000) if codec.has_infinity and not saturate \
+            else none
+        codes = tf.bitwise.bitwise_or(idx, sign)
+        codes = tf.where(over & ~keep_inf, tf.bitwise.bitwise_or(sign, target), codes)
+        codes = tf.where(keep_inf, tf.bitwise.bitwise_or(sign, n), codes)
+        codes = tf.where(low, codec.nan_code if to_nan else 0, codes)
+        codes = tf.where(nan, tf.bitwise.bitwise_or(sign, nan_code) if codec.nan_code is not None
+                         else tf.zeros_like(codes), codes)
+        words = tf.bitwise.bitwise_and(_apply_fault(codes, mask, fault), fmt.word_mask)
+        return tf.bitcast(tf.gather(table, words), tf.float32)
+
+    return run
+
+
+__all__ = ["FaultFn", "fixed_point_fault", "float_fault", "int_quant_fault", "small_float_fault"]

@@ -23,7 +23,13 @@ import tensorflow as tf
 from bitfault.faults import BitFlip, FaultModel, StuckAt
 from bitfault.formats import FixedPoint, Float, Format, IntQuant
 from bitfault.keras.layouts import Slot
-from bitfault.keras.ops import FaultFn, fixed_point_fault, float_fault, int_quant_fault
+from bitfault.keras.ops import (
+    FaultFn,
+    fixed_point_fault,
+    float_fault,
+    int_quant_fault,
+    small_float_fault,
+)
 from bitfault.maps import FaultMap
 from bitfault.memory import StoredArray
 
@@ -40,6 +46,12 @@ def check_supported(fmt: Format, fault: FaultModel) -> None:
             "spec.format FixedPoint(overflow='error') is not supported by bitfault.keras: a "
             "compiled Keras graph cannot raise on a weight value; use overflow='saturate' or "
             "'wrap' (or check the weights with bitfault.inject in NumPy)")
+    if isinstance(fmt, Float) and fmt.codec is not None and fmt.overflow == "error":
+        raise ValueError(
+            f"spec.format Float({fmt.dtype!r}, overflow='error') is not supported by "
+            "bitfault.keras: a compiled Keras graph cannot raise on a weight value; use "
+            f"overflow='saturate'{' or ' + repr('nan') if fmt.codec.has_nan else ''} (or check "
+            "the weights with bitfault.inject in NumPy)")
     if not isinstance(fault, (BitFlip, StuckAt)):
         raise TypeError(f"spec.fault must be BitFlip() or StuckAt(0|1), got {fault!r}")
 
@@ -51,6 +63,8 @@ def fault_function(fmt: Format, fault: FaultModel, axis: int | None = None) -> F
         return fixed_point_fault(fmt, fault)
     if isinstance(fmt, IntQuant):
         return int_quant_fault(fmt, fault, axis)
+    if fmt.codec is not None:  # type: ignore[attr-defined]
+        return small_float_fault(fmt, fault)  # type: ignore[arg-type]
     return float_fault(fmt, fault)  # type: ignore[arg-type]
 
 

@@ -15,6 +15,7 @@ reach the result.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -23,6 +24,7 @@ import torch
 
 from bitfault.faults import BitFlip, FaultModel, StuckAt
 from bitfault.formats import FixedPoint, Float, Format, IntQuant
+from bitfault.formats.minifloat import MiniFloat
 
 _F16_EXP = 0x7C00
 _F32_EXP = 0x7F800000
@@ -249,6 +251,63 @@ def _to_int_range(y: torch.Tensor, lo: int, hi: int, overflow: str, x: torch.Ten
     return y.clamp(lo, hi).to(torch.int64)
 
 
+_NUMPY_FLOATS = {torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64}
+
+
+@functools.cache
+def _small_float_tables(codec: MiniFloat, device: torch.device
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    return (torch.from_numpy(codec.midpoints).to(device),
+            torch.from_numpy(codec.tie_up).to(device))
+
+
+@functools.cache
+def _decode_table(codec: MiniFloat, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.from_numpy(codec.decode_table(_NUMPY_FLOATS[dtype]).copy()).to(device)
+
+
+def encode_small_float(x: torch.Tensor, fmt: Float) -> torch.Tensor:
+    """The small float codes of ``x`` (``MiniFloat.encode`` on the device): round against
+    the midpoints (``searchsorted``), exact ties by the codec's rule, then the policy."""
+    codec = fmt.codec
+    assert codec is not None
+    n = codec.n_finite
+    x64 = x.to(torch.float64)  # exact from float16/float32
+    a = x64.abs()
+    mid, tie_up = _small_float_tables(codec, x.device)
+    idx = torch.searchsorted(mid, a.reshape(-1), side="left").reshape(a.shape)
+    at = idx.clamp(max=n - 1)
+    idx = idx + ((idx < n) & (a == mid[at]) & tie_up[at]).to(torch.int64)
+    sign = torch.where(torch.signbit(x64), codec.sign_bit, 0) if codec.signed else 0
+    codes = idx | sign
+    nan = torch.isnan(x64)
+    low = ~nan & (x64 <= 0) if not codec.signed else torch.zeros_like(nan)
+    over = ~nan & ~low & (idx >= n)
+    keep_inf = over & torch.isinf(x64) if codec.has_infinity and fmt.overflow != "saturate" \
+        else torch.zeros_like(nan)
+    mapped = over & ~keep_inf
+    if fmt.overflow == "error":
+        bad = mapped | low | (nan if codec.nan_code is None else torch.zeros_like(nan))
+        if bool(bad.any()):
+            codec.check_storable(bad.cpu().numpy(), x64.cpu().numpy())
+    if fmt.overflow == "nan":
+        target = codec.inf_code if codec.has_infinity else codec.nan_code
+    else:
+        target = n - 1
+    codes = torch.where(mapped, sign | target, codes)
+    codes = torch.where(keep_inf, sign | n, codes)
+    codes = torch.where(low, codec.nan_code if fmt.overflow == "nan" else 0, codes)
+    nan_stored = 0 if codec.nan_code is None else sign | codec.nan_code
+    return torch.where(nan, nan_stored, codes)
+
+
+def decode_small_float(words: torch.Tensor, fmt: Float, dtype: torch.dtype) -> torch.Tensor:
+    """Floats of ``dtype`` from small float words: the codec's decode table, looked up."""
+    codec = fmt.codec
+    assert codec is not None
+    return _decode_table(codec, dtype, words.device)[words & fmt.word_mask]
+
+
 def encode(x: torch.Tensor, fmt: Format, calib: Calibration | None = None) -> torch.Tensor:
     """Words: int64 tensors holding the stored bit patterns in the low ``fmt.bits`` bits."""
     if isinstance(fmt, FixedPoint):
@@ -262,6 +321,8 @@ def encode(x: torch.Tensor, fmt: Format, calib: Calibration | None = None) -> to
         lo, hi = fmt.code_range
         codes = _to_int_range(y, lo, hi, "saturate", x, "IntQuant")
         return (codes + fmt.code_offset) & fmt.word_mask
+    if isinstance(fmt, Float) and fmt.codec is not None:
+        return encode_small_float(x, fmt)
     if isinstance(fmt, Float):
         if fmt.dtype == "float16":
             return to_f16(x).view(torch.int16).to(torch.int64) & 0xFFFF
@@ -288,6 +349,8 @@ def decode(words: torch.Tensor, fmt: Format, calib: Calibration | None, dtype: t
         stored = sign_extend(low, fmt.bits) if fmt.codes == "signed" else low
         q = stored - fmt.code_offset - calib.zero
         return f64_to(q.to(torch.float64) * calib.scale, dtype)
+    if isinstance(fmt, Float) and fmt.codec is not None:
+        return decode_small_float(words, fmt, dtype)
     if isinstance(fmt, Float):
         if fmt.dtype == "float16":
             h = sign_extend(words & 0xFFFF, 16).to(torch.int16).view(torch.float16)
