@@ -42,14 +42,14 @@ def test_dense_mask_is_the_torch_layout_mask_permuted(layer: str, spec: bf.Fault
     out_shape = tuple(layer_obj.compute_output_shape((None, *in_shape)))
     if layer == "embedding" and "activations" in spec.targets:
         spec = spec.replace(targets=("weights", "biases"))
-    slots = plan_slots(layer_obj, "t", spec, out_shape)
+    slots = plan_slots(layer_obj, "t", spec.targets, spec.format, out_shape)
     assert slots
     eligible = spec.fault.eligible_mask(spec.format)
     for k, slot in enumerate(slots):
         # a map with bits beyond the eligible ones (and beyond the format's word)
         fmap = bf.FaultMap.random(slot.torch_shape, bf.Float("float32"), ber=0.5, seed=k,
                                   name=slot.name)
-        got = dense_mask(slot, fmap, spec)
+        got = dense_mask(slot, fmap, spec.memory)
         want = np.transpose(fmap.restricted(eligible).to_dense(spec.format.container), slot.perm)
         assert got.dtype == np.dtype(spec.format.container) and got.shape == slot.keras_shape
         assert np.array_equal(got, want), slot.name

@@ -81,7 +81,7 @@ def _choose(model: keras.Model, spec: FaultSpec,
             raise ValueError(f"layer {path!r} is not built; build the model (call it on data "
                              "or give it an Input) before inject")
         output_shape = _output_shape(layer, path) if "activations" in spec.targets else None
-        slots = plan_slots(layer, path, spec, output_shape)
+        slots = plan_slots(layer, path, spec.targets, spec.format, output_shape)
         candidates.extend(s.name for s in slots)
         slots = [s for s in slots if spec.targets.selects(s.name, s.target)]
         chosen[id(layer)] = (path, draw_maps(slots, spec, 0 if spec.persistence ==

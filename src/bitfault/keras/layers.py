@@ -144,7 +144,7 @@ class FaultyLayer(keras.layers.Wrapper):
         maps = self._preset_maps or draw_maps(slots, self.spec, self.step)
         masks = []
         for slot in slots:
-            mask = dense_mask(slot, maps[slot.name], self.spec)
+            mask = dense_mask(slot, maps[slot.name], self.spec.memory)
             var = self.add_weight(name=f"{slot.name.rsplit('.', 1)[-1]}_fault_mask",
                                   shape=slot.keras_shape, dtype=str(mask.dtype),
                                   initializer="zeros", trainable=False, autocast=False)
@@ -236,7 +236,8 @@ class FaultyLayer(keras.layers.Wrapper):
             maps = draw_maps(self._slots, self.spec, step)
             for slot, var in zip(self._slots, self._mask_variables, strict=True):
                 # the TensorFlow variable itself: Keras's assign adds a copy and checks
-                var.value.assign(dense_mask(slot, maps[slot.name], self.spec), read_value=False)
+                var.value.assign(dense_mask(slot, maps[slot.name], self.spec.memory),
+                                 read_value=False)
             self._maps = maps
         self.step = step
 

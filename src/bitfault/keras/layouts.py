@@ -12,14 +12,16 @@ Channels-last activations ``(N, *spatial, C)`` are mapped per example as
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
 import keras
 import numpy as np
 
-from bitfault.formats import IntQuant
+from bitfault.formats import Format, IntQuant
 from bitfault.maps import FaultMap
+from bitfault.memory import Memory
 from bitfault.spec import FaultSpec
 
 SUPPORTED_LAYERS: tuple[type, ...] = (
@@ -106,14 +108,16 @@ def _check_float32(variable: Any, name: str) -> None:
                         "variables and are supported)")
 
 
-def plan_slots(layer: Any, prefix: str, spec: FaultSpec,
+def plan_slots(layer: Any, prefix: str, kinds: Collection[str], fmt: Format | None,
                output_shape: tuple[Any, ...] | None) -> list[Slot]:
-    """The tensors of a built ``layer`` that ``spec.targets`` fault, named ``prefix.*``."""
+    """The tensors of a built ``layer`` of ``kinds`` (a Targets or kind names), named
+    ``prefix.*``, to be stored in ``fmt`` (an IntQuant's channel axis must exist in each;
+    None: no format to check)."""
     if not is_supported(layer):
         raise TypeError(f"layer {prefix!r} is a {type(layer).__name__}; bitfault.keras faults "
                         f"{SUPPORTED_NAMES} layers")
     slots = []
-    if "weights" in spec.targets:
+    if "weights" in kinds:
         kernel = _own_variable(layer, _WEIGHT_VARIABLES)
         if kernel is None:
             raise ValueError(f"layer {prefix!r} has no kernel or embeddings variable (is it "
@@ -122,26 +126,26 @@ def plan_slots(layer: Any, prefix: str, spec: FaultSpec,
         shape = tuple(int(d) for d in kernel.shape)
         slots.append(Slot("weights", f"{prefix}.weight", shape,
                           _kernel_perm(layer, len(shape)), kernel))
-    if "biases" in spec.targets:
+    if "biases" in kinds:
         bias = _own_variable(layer, ("bias",))
         if bias is not None:
             _check_float32(bias, f"{prefix}.bias")
             shape = tuple(int(d) for d in bias.shape)
             slots.append(Slot("biases", f"{prefix}.bias", shape, tuple(range(len(shape))), bias))
-    if "activations" in spec.targets:
+    if "activations" in kinds:
         if output_shape is None or any(d is None for d in output_shape[1:]):
             raise ValueError(f"activation faults on {prefix!r} need a fixed per-example output "
                              f"shape; the layer's output shape is {output_shape}")
         shape = tuple(int(d) for d in output_shape[1:])
-        if isinstance(spec.format, IntQuant) and spec.format.axis is not None:
+        if isinstance(fmt, IntQuant) and fmt.axis is not None:
             raise ValueError("spec.format IntQuant(per_channel=...) is not supported for "
                              "activation faults in bitfault.keras; use per_channel=False")
         slots.append(Slot("activations", f"{prefix}.output", shape,
                           _output_perm(layer, len(shape))))
-    if isinstance(spec.format, IntQuant) and spec.format.axis is not None:
+    if isinstance(fmt, IntQuant) and fmt.axis is not None:
         for slot in slots:
             if slot.variable is not None:
-                slot.keras_axis(spec.format.axis)  # the channel axis must exist
+                slot.keras_axis(fmt.axis)  # the channel axis must exist
     return slots
 
 
@@ -157,11 +161,11 @@ def draw_maps(slots: list[Slot], spec: FaultSpec, step: int | None) -> dict[str,
     return maps
 
 
-def dense_mask(slot: Slot, fmap: FaultMap, spec: FaultSpec) -> np.ndarray:
-    """The map as a dense mask in Keras layout and the format's container dtype (its faults
-    restricted to the bits the fault model may touch, which all lie in the container)."""
-    dtype = np.dtype(spec.format.container)
-    masks = fmap.masks & np.uint32(spec.fault.eligible_mask(spec.format))
+def dense_mask(slot: Slot, fmap: FaultMap, memory: Memory) -> np.ndarray:
+    """The map as a dense mask in Keras layout and the memory format's container dtype (its
+    faults restricted to the bits the fault model may touch, which all lie in the container)."""
+    dtype = np.dtype(memory.format.container)
+    masks = fmap.masks & np.uint32(memory.fault.eligible_mask(memory.format))
     out = np.zeros(math.prod(slot.keras_shape), f"u{dtype.itemsize}")
     out[slot.keras_indices(fmap.indices)] = masks.astype(out.dtype)
     return out.view(dtype).reshape(slot.keras_shape)

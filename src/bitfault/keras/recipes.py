@@ -29,8 +29,8 @@ from bitfault.formats import Format, gradient_bounds
 from bitfault.keras.layouts import SUPPORTED_LAYERS, Slot, dense_mask, plan_slots
 from bitfault.keras.seam import channel_axis, check_supported, fused, straight_through
 from bitfault.maps import FaultMap
+from bitfault.memory import Memory
 from bitfault.recipes import thresholds_from_activations
-from bitfault.spec import FaultSpec
 
 _STORED = ("kernel", "embeddings")
 
@@ -93,10 +93,10 @@ class _Stored:
 
     def __init__(self, model: keras.Model, fmt: Format, fault: FaultModel) -> None:
         check_supported(fmt, fault)
-        self.spec = FaultSpec(format=fmt, fault=fault, count=0)
+        self.memory = Memory(fmt, fault)
         self.slots: list[Slot] = [
             s for layer, path in _leaves(model) if isinstance(layer, SUPPORTED_LAYERS)
-            and layer.built for s in plan_slots(layer, path, self.spec, None)]
+            and layer.built for s in plan_slots(layer, path, ("weights",), fmt, None)]
         if not self.slots:
             raise ValueError("a recipe format needs a model with a built Dense, EinsumDense, "
                              "Conv1D/2D/3D or Embedding layer; this model has none")
@@ -119,15 +119,15 @@ class _Stored:
             if fmap is None:
                 out.append(zero)
                 continue
-            check_map_fits(fmap, slot.torch_shape, self.spec.format, f"maps[{slot.name!r}]")
-            out.append(tf.constant(dense_mask(slot, fmap, self.spec)))
+            check_map_fits(fmap, slot.torch_shape, self.memory.format, f"maps[{slot.name!r}]")
+            out.append(tf.constant(dense_mask(slot, fmap, self.memory)))
         return out
 
     def values(self, masks: list[tf.Tensor], clean: list[Any] | None = None) -> list[tf.Tensor]:
         if clean is None:
             clean = [tf.convert_to_tensor(s.variable.value) for s in self.slots]
         return straight_through(self.fused, clean, masks, "ste",
-                                gradient_bounds(self.spec.format))
+                                gradient_bounds(self.memory.format))
 
 
 def quantised_weights(model: keras.Model, format: Format,

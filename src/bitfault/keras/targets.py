@@ -59,7 +59,7 @@ def layer_slots(layer: keras.layers.Layer, path: str, spec: FaultSpec,
                 output_shape: tuple[Any, ...] | None) -> list[Slot]:
     """The tensors of ``layer`` (named ``path.*``) that ``spec.targets`` chooses: its kinds,
     narrowed by its name patterns."""
-    return [s for s in plan_slots(layer, path, spec, output_shape)
+    return [s for s in plan_slots(layer, path, spec.targets, spec.format, output_shape)
             if spec.targets.selects(s.name, s.target)]
 
 
@@ -70,13 +70,12 @@ def select_tensors(model: keras.Model, targets: TargetsLike = "weights", filter_
     names keeps its order); an include pattern that matches no candidate is a ValueError."""
     targets = Targets.coerce(targets, kinds=kinds)
     accept = as_filter(filter_fn)
-    candidates = FaultSpec(count=0, targets=Targets(targets.kinds))
     found: list[Slot] = []
     names: list[str] = []
     for layer, path in walk_layers(model):
         if not is_supported(layer) or (accept is not None and not accept(layer, path)):
             continue
-        for slot in plan_slots(layer, path, candidates, None):
+        for slot in plan_slots(layer, path, targets.kinds, None, None):
             names.append(slot.name)
             if targets.selects(slot.name, slot.target):
                 found.append(slot)
