@@ -12,8 +12,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("mlxtend")
 
-import bitfault as bf  # noqa: E402
-from bitfault.jobs import run_campaign  # noqa: E402
+import bitfault as bf
+from bitfault.jobs import run_campaign
 
 
 def _memories(store: Path) -> set[str]:
