@@ -550,3 +550,13 @@ def test_policy_names_rejected_with_the_allowed_values():
                        match=r"dtype must be one of \('float32', 'float16', 'bfloat16', "
                              r"'float8_e4m3fn', .*'float8_e8m0fnu'\), got 'float64'"):
         Float("float64")
+
+
+def test_int_quant_per_channel_true_and_axis_one_are_different_formats():
+    """bool == int in Python: per_channel=True (axis 0) must not equal per_channel=1, nor
+    per_channel=False (per tensor) equal per_channel=0 (axis 0); caches key on equality."""
+    assert IntQuant(8, per_channel=True) != IntQuant(8, per_channel=1)
+    assert IntQuant(8, per_channel=False) != IntQuant(8, per_channel=0)
+    assert IntQuant(8, per_channel=True) == IntQuant(8, per_channel=True)
+    assert hash(IntQuant(8, per_channel=1)) == hash(IntQuant(8, per_channel=1))
+    assert len({IntQuant(8, per_channel=True), IntQuant(8, per_channel=1)}) == 2

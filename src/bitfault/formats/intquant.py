@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -65,6 +66,19 @@ class IntQuant(FormatBase, kind="int_quant"):
             object.__setattr__(self, "codes", "signed" if self.symmetric else "unsigned")
         if self.codes not in _CODES:
             raise ArgumentError("codes", self.codes, f"one of {_CODES} or None")
+
+    def _identity(self) -> tuple:
+        # per_channel=False / 0 and True / 1 differ (per tensor vs axis 0; axis 0 vs axis 1),
+        # though Python's bool == int makes the generated __eq__ call them equal
+        return tuple((type(v) is bool, v) for v in dataclasses.astuple(self))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, IntQuant):
+            return NotImplemented
+        return self._identity() == other._identity()
+
+    def __hash__(self) -> int:
+        return hash(self._identity())
 
     @property
     def axis(self) -> int | None:
