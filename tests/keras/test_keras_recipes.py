@@ -282,7 +282,7 @@ def test_bound_relus_bad_input(mlp, data) -> None:
 def test_randbet_weights_match_pytorch_for_the_same_seed(mlp) -> None:
     torch = pytest.importorskip("torch")
     try:
-        from bitfault.torch import inject as torch_inject
+        from bitfault.torch import inject_tensor as torch_inject
     except ImportError as exc:  # pragma: no cover - depends on the tree
         pytest.skip(f"bitfault.torch is not importable ({exc})")
     for fmt in (bf.IntQuant(8), bf.FixedPoint(16, 12)):

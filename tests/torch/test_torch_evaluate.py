@@ -28,7 +28,7 @@ from bitfault.campaign import (  # noqa: E402
 )
 from bitfault.data import split_embedded_mnist  # noqa: E402
 from bitfault.models.torch import seed_mlp, small_cnn  # noqa: E402
-from bitfault.torch import TorchEvaluator, inject, inject_  # noqa: E402
+from bitfault.torch import TorchEvaluator, inject_, inject_tensor  # noqa: E402
 from bitfault.torch.evaluate import _Patched  # noqa: E402
 
 SEED_FORMAT = bf.FixedPoint(32, 28, rounding="trunc")
@@ -112,13 +112,13 @@ def test_layer_and_bit_sweeps_equal_a_plain_loop(mlp, cnn, data, tmp_path: Path)
 
 def brute_force(ev: TorchEvaluator, memory: bf.Memory, name: str, element: int,
                 bit: int) -> np.ndarray:
-    """One fault, injected into the whole tensor with bitfault.torch.inject; full forward."""
+    """One fault, injected into the whole tensor with bitfault.torch.inject_tensor; full forward."""
     from torch.func import functional_call
 
     params = dict(ev.stored(memory))
     shape = tuple(ev.tensor_shapes()[name])
     fmap = bf.FaultMap(shape, np.array([element]), np.array([1 << bit], np.uint32), name)
-    params[name] = inject(ev._clean[name], memory.format, memory.fault, fmap)
+    params[name] = inject_tensor(ev._clean[name], memory.format, memory.fault, fmap)
     with torch.no_grad():
         logits = functional_call(ev.model, params, (ev.x,)).double()
     return torch.where(torch.isnan(logits), -torch.inf, logits).argmax(1).numpy()

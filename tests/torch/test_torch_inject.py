@@ -108,7 +108,7 @@ def test_cuda_masks_move_with_the_model():
     assert torch.allclose(on_gpu.cpu(), on_cpu, atol=1e-5)
     assert {k[2].type for k in handle._faults} >= {"cuda"}
     w = model[0].weight
-    faulty = bf.torch.inject(w, spec.format, spec.fault, handle.maps["0.weight"])
+    faulty = bf.torch.inject_tensor(w, spec.format, spec.fault, handle.maps["0.weight"])
     assert faulty.is_cuda
     assert bits_equal(faulty.cpu(), core_faulty(w.cpu(), spec, handle.maps["0.weight"]))
 

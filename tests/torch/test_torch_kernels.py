@@ -1,4 +1,4 @@
-"""bitfault.torch.inject and the kernels behind it: bit for bit bitfault.inject."""
+"""bitfault.torch.inject_tensor and the kernels behind it: bit for bit bitfault.inject."""
 
 import itertools
 
@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import bitfault as bf  # noqa: E402
-from bitfault.torch import inject, seam  # noqa: E402
+from bitfault.torch import inject_tensor, seam  # noqa: E402
 from bitfault.torch.seam import DeviceFaults, faulty_group  # noqa: E402
 
 
@@ -66,7 +66,7 @@ def test_inject_matches_core_bit_for_bit(fmt, dtype):
         fmap = bf.FaultMap.random(x.shape, fmt, ber=0.05, seed=int(rng.integers(1000)), name="t")
         with np.errstate(all="ignore"):
             expected = bf.inject(x, fmt, fault, fmap)
-        got = inject(torch.from_numpy(x.copy()), fmt, fault, fmap).numpy()
+        got = inject_tensor(torch.from_numpy(x.copy()), fmt, fault, fmap).numpy()
         assert got.dtype == expected.dtype
         assert np.array_equal(_bits(got), _bits(expected)), (fault, finite)
 
@@ -77,13 +77,13 @@ def test_small_float_overflow_error_raises_the_core_error(name):
     fmt = bf.Float(name, "error")
     x = np.ones((3, 4), np.float32)
     fmap = bf.FaultMap.random(x.shape, fmt, ber=0.1, seed=0)
-    assert np.array_equal(_bits(inject(torch.from_numpy(x), fmt, bf.BitFlip(), fmap).numpy()),
+    assert np.array_equal(_bits(inject_tensor(torch.from_numpy(x), fmt, bf.BitFlip(), fmap).numpy()),
                           _bits(bf.inject(x, fmt, bf.BitFlip(), fmap)))
     x[1, 2] = -1.0 if name == "float8_e8m0fnu" else 1e30  # E8M0 stores no negative value
     with pytest.raises(ValueError) as core:
         bf.inject(x, fmt, bf.BitFlip(), fmap)
     with pytest.raises(ValueError, match=r"index \(1, 2\)") as got:
-        inject(torch.from_numpy(x), fmt, bf.BitFlip(), fmap)
+        inject_tensor(torch.from_numpy(x), fmt, bf.BitFlip(), fmap)
     assert str(got.value) == str(core.value)
 
 
@@ -91,7 +91,7 @@ def test_int_quant_refuses_non_finite_like_the_core():
     x = torch.tensor([[1.0, float("nan")], [0.5, 0.25]])
     fmap = bf.FaultMap.random((2, 2), bf.IntQuant(8), ber=0.1, seed=0)
     with pytest.raises(ValueError, match="not finite"):
-        inject(x, bf.IntQuant(8), bf.BitFlip(), fmap)
+        inject_tensor(x, bf.IntQuant(8), bf.BitFlip(), fmap)
 
 
 @pytest.mark.parametrize("fmt", [f for f in FORMATS if f.bits <= 32], ids=repr)
@@ -124,7 +124,7 @@ def test_int_quant_zero_and_tiny_slices_use_the_eps_scale_like_the_core(fmt):
     for i, arr in enumerate(tensors):
         fmap = bf.FaultMap.random(arr.shape, fmt, ber=0.3, seed=i, name="z")
         expected = bf.inject(arr, fmt, bf.BitFlip(), fmap)
-        got = inject(torch.from_numpy(arr.copy()), fmt, bf.BitFlip(), fmap).numpy()
+        got = inject_tensor(torch.from_numpy(arr.copy()), fmt, bf.BitFlip(), fmap).numpy()
         faults = DeviceFaults.build([fmap], bf.BitFlip().eligible_mask(fmt), "cpu")
         grouped = faulty_group([torch.from_numpy(arr)], fmt, bf.BitFlip(), faults)[0].numpy()
         assert np.array_equal(_bits(got), _bits(expected))
@@ -138,7 +138,7 @@ def test_bfloat16_is_float32_rounded_back(fmt):
     rng = np.random.default_rng(3)
     x = torch.from_numpy(_values(rng, (40, 25), np.float32, finite=True)).to(torch.bfloat16)
     fmap = bf.FaultMap.random((40, 25), fmt, ber=0.05, seed=3, name="b")
-    got = inject(x, fmt, bf.BitFlip(), fmap)
+    got = inject_tensor(x, fmt, bf.BitFlip(), fmap)
     expected = torch.from_numpy(bf.inject(x.float().numpy(), fmt, bf.BitFlip(), fmap))
     assert got.dtype == torch.bfloat16
     assert torch.equal(got.view(torch.int16), expected.to(torch.bfloat16).view(torch.int16))
@@ -148,20 +148,20 @@ def test_inject_checks_its_arguments():
     fmt, fault = bf.FixedPoint(16, 8), bf.BitFlip()
     fmap = bf.FaultMap.random((4, 4), fmt, ber=0.1, seed=0)
     with pytest.raises(TypeError, match="floating tensor"):
-        inject(torch.zeros(4, 4, dtype=torch.int32), fmt, fault, fmap)
+        inject_tensor(torch.zeros(4, 4, dtype=torch.int32), fmt, fault, fmap)
     with pytest.raises(ValueError, match="shape"):
-        inject(torch.zeros(4, 5), fmt, fault, fmap)
+        inject_tensor(torch.zeros(4, 5), fmt, fault, fmap)
     with pytest.raises(TypeError, match="torch.Tensor"):
-        inject(np.zeros((4, 4), np.float32), fmt, fault, fmap)
+        inject_tensor(np.zeros((4, 4), np.float32), fmt, fault, fmap)
     wide = bf.FaultMap.random((4, 4), bf.FixedPoint(32, 8), ber=0.5, seed=0)
     with pytest.raises(ValueError, match="above bit 15"):
-        inject(torch.zeros(4, 4), fmt, fault, wide)
+        inject_tensor(torch.zeros(4, 4), fmt, fault, wide)
 
 
 def test_inject_leaves_its_input_alone():
     x = torch.randn(64, 64)
     before = x.clone()
     fmap = bf.FaultMap.random((64, 64), bf.FixedPoint(32, 28), ber=0.01, seed=0)
-    inject(x, bf.FixedPoint(32, 28), bf.BitFlip(), fmap)
+    inject_tensor(x, bf.FixedPoint(32, 28), bf.BitFlip(), fmap)
     assert torch.equal(x, before)
 

@@ -8,7 +8,7 @@
     ...train or evaluate as usual...    # forward sees faulty values, gradients reach W
     handle.remove()                     # the model is exactly as before
 
-``inject`` is the tensor-level twin of ``bitfault.inject``: the same bits, on a
+``inject_tensor`` is the tensor-level twin of ``bitfault.inject``: the same bits, on a
 torch tensor, on its device. ``fit`` trains for bit-error robustness as a
 ``bitfault.recipes.Recipe`` says (weight clipping, RandBET, bounded ReLUs;
 docs/recipes.md). ``TorchEvaluator`` runs campaigns (``bitfault.campaign``) on a
@@ -34,7 +34,7 @@ from bitfault.torch.recipes import (
     calibrate_relu_thresholds,
     clip_weights_,
 )
-from bitfault.torch.seam import inject
+from bitfault.torch.seam import inject_tensor
 from bitfault.torch.targets import DEFAULT_MODULES, Selected, select_tensors
 from bitfault.torch.train import (
     evaluate,
@@ -46,5 +46,5 @@ from bitfault.torch.train import (
 
 __all__ = ["DEFAULT_MODULES", "BoundedReLU", "ClipHandle", "FaultHandle", "Selected",
            "TorchEvaluator", "batch_map", "bound_relus_", "calibrate_relu_thresholds",
-           "clip_weights_", "evaluate", "fit", "inject", "inject_", "quantised_weights",
+           "clip_weights_", "evaluate", "fit", "inject_", "inject_tensor", "quantised_weights",
            "randbet_step", "select_tensors", "stored_weights"]

@@ -1,9 +1,9 @@
 """``TorchEvaluator``: a PyTorch model + dataset as a campaign evaluator, evaluated fast.
 
 What is computed (the reference every path must agree with): every targeted
-tensor is stored in the memory's format (``bitfault.torch.inject`` with an empty
+tensor is stored in the memory's format (``bitfault.torch.inject_tensor`` with an empty
 map, so an IntQuant tensor is quantised even where a trial has no fault there),
-the trial's maps fault their tensors (``bitfault.torch.inject``, bit for bit the
+the trial's maps fault their tensors (``bitfault.torch.inject_tensor``, bit for bit the
 NumPy core), and the model's own ``forward`` runs on the data in eval mode under
 ``torch.no_grad()``, in batches of ``batch_size``. That is what
 ``bitfault.torch.inject_`` + ``model(x)`` computes. What is reused:
@@ -180,29 +180,29 @@ class TorchEvaluator(SingleFaultPaths):
 
     def stored(self, memory: Memory) -> dict[str, Any]:
         """Every target tensor stored in the format, no fault (cached per format and fault)."""
-        from bitfault.torch import inject
+        from bitfault.torch.seam import inject_tensor
 
         key = self._key(memory)
         if key not in self._stored_cache:
             self._stored_cache[key] = {
-                n: inject(t, memory.format, memory.fault, FaultMap.empty(tuple(t.shape), n))
+                n: inject_tensor(t, memory.format, memory.fault, FaultMap.empty(tuple(t.shape), n))
                 for n, t in self._clean.items()}
         return self._stored_cache[key]
 
     def faulty(self, name: str, fmap: FaultMap, memory: Memory) -> Any:
-        """``bitfault.torch.inject`` of the tensor (the compiled one-pass kernel where it
+        """``bitfault.torch.inject_tensor`` of the tensor (the compiled one-pass kernel where it
         applies); otherwise, for formats that store each element on its own (FixedPoint,
         Float), only the faulty elements are computed and written over the cached stored
         tensor (the same bits, at a cost proportional to the faults)."""
         import torch
 
-        from bitfault.torch import inject
+        from bitfault.torch.seam import inject_tensor
         from bitfault.torch.seam import compiled_for
 
         clean = self._clean[name]
         compiled = compiled_for(clean, memory.format)  # one fast pass
         if compiled or not patch_faulty_elements(memory.format, fmap):
-            return inject(clean, memory.format, memory.fault, fmap)
+            return inject_tensor(clean, memory.format, memory.fault, fmap)
         idx = torch.from_numpy(np.array(fmap.indices, np.int64)).to(clean.device)
         out = self.stored(memory)[name].clone()
         out.view(-1)[idx] = self._faulty_elements(name, idx, fmap, memory)
@@ -211,9 +211,9 @@ class TorchEvaluator(SingleFaultPaths):
     def _faulty_elements(self, name: str, idx: Any, fmap: FaultMap, memory: Memory) -> Any:
         """The faulty values of the map's elements alone (flat ``idx`` = its indices), for a
         format that stores each element on its own (FixedPoint, Float)."""
-        from bitfault.torch import inject
+        from bitfault.torch.seam import inject_tensor
 
-        return inject(self._clean[name].reshape(-1)[idx], memory.format, memory.fault,
+        return inject_tensor(self._clean[name].reshape(-1)[idx], memory.format, memory.fault,
                       gathered_map(fmap))
 
     def _replica_tensors(self) -> dict[str, Any]:

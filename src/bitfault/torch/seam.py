@@ -259,7 +259,7 @@ def faulty_group(xs: Sequence[torch.Tensor], fmt: Format, fault: FaultModel, fau
     return outs
 
 
-def inject(x: torch.Tensor, fmt: Format, fault: FaultModel, fmap: FaultMap) -> torch.Tensor:
+def inject_tensor(x: torch.Tensor, fmt: Format, fault: FaultModel, fmap: FaultMap) -> torch.Tensor:
     """The faulty values of ``x``: encode in ``fmt``, apply ``fault`` at ``fmap``, decode.
 
     Bit for bit ``bitfault.inject(x.numpy(), fmt, fault, fmap)`` for float16,
