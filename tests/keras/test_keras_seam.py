@@ -131,3 +131,22 @@ def test_small_floats_at_every_code_and_midpoint_match_core_inject(name: str, mo
         mask = fmap.restricted(fault.eligible_mask(fmt)).to_dense(fmt.container)
         got = run(fault_function(fmt, fault), x, mask, mode)
         assert same_bits(got, bf.inject(x, fmt, fault, fmap)), fault
+
+
+def test_small_float_function_built_in_one_graph_runs_in_another() -> None:
+    """Keras may build a layer's transform while tracing one graph and call it in another:
+    the format's tables must not be tensors of the first graph."""
+    fmt = bf.Float("float8_e4m3fn")
+    x = np.linspace(-500, 500, 64, dtype=np.float32)
+    fmap = bf.FaultMap.random(x.shape, fmt, ber=0.1, seed=2, name="g")
+    mask = fmap.to_dense(fmt.container)
+    built = []
+
+    @tf.function
+    def first(v: tf.Tensor) -> tf.Tensor:
+        built.append(fault_function(fmt, bf.BitFlip()))
+        return built[0](v, tf.zeros_like(v, tf.int8))
+
+    first(tf.constant(x))
+    for mode in ("eager", "graph"):
+        assert same_bits(run(built[0], x, mask, mode), bf.inject(x, fmt, bf.BitFlip(), fmap))

@@ -189,14 +189,16 @@ def small_float_fault(fmt: Float, fault: FaultModel) -> FaultFn:
     if codec is None:
         raise TypeError(f"small_float_fault needs a small float, got {fmt!r}")
     n = codec.n_finite
-    mid = tf.constant(codec.midpoints.astype(np.float32).view(np.int32))
-    tie_up = tf.constant(codec.tie_up)
-    table = tf.constant(codec.decode_table(np.float32).view(np.int32))
+    # NumPy here, tensors in ``run``: the function may be built in one graph and run in another
+    mid_bits = codec.midpoints.astype(np.float32).view(np.int32)
+    table_bits = codec.decode_table(np.float32).view(np.int32)
     saturate, to_nan = fmt.overflow == "saturate", fmt.overflow == "nan"
     target = (codec.inf_code if codec.has_infinity else codec.nan_code) if to_nan else n - 1
     nan_code = 0 if codec.nan_code is None else codec.nan_code
 
     def run(x: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
+        mid, tie_up, table = (tf.constant(mid_bits), tf.constant(codec.tie_up),
+                              tf.constant(table_bits))
         bits = tf.bitcast(x, tf.int32)
         mag = tf.bitwise.bitwise_and(bits, 0x7FFFFFFF)
         idx = tf.reshape(tf.searchsorted(mid, tf.reshape(mag, [-1]), side="left"),
