@@ -196,8 +196,7 @@ class TorchEvaluator(SingleFaultPaths):
         tensor (the same bits, at a cost proportional to the faults)."""
         import torch
 
-        from bitfault.torch.seam import inject_tensor
-        from bitfault.torch.seam import compiled_for
+        from bitfault.torch.seam import compiled_for, inject_tensor
 
         clean = self._clean[name]
         compiled = compiled_for(clean, memory.format)  # one fast pass
