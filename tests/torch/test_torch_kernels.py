@@ -77,8 +77,8 @@ def test_small_float_overflow_error_raises_the_core_error(name):
     fmt = bf.Float(name, "error")
     x = np.ones((3, 4), np.float32)
     fmap = bf.FaultMap.random(x.shape, fmt, ber=0.1, seed=0)
-    assert np.array_equal(_bits(inject_tensor(torch.from_numpy(x), fmt, bf.BitFlip(), fmap).numpy()),
-                          _bits(bf.inject(x, fmt, bf.BitFlip(), fmap)))
+    got = inject_tensor(torch.from_numpy(x), fmt, bf.BitFlip(), fmap).numpy()
+    assert np.array_equal(_bits(got), _bits(bf.inject(x, fmt, bf.BitFlip(), fmap)))
     x[1, 2] = -1.0 if name == "float8_e8m0fnu" else 1e30  # E8M0 stores no negative value
     with pytest.raises(ValueError) as core:
         bf.inject(x, fmt, bf.BitFlip(), fmap)
