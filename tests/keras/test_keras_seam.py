@@ -150,3 +150,29 @@ def test_small_float_function_built_in_one_graph_runs_in_another() -> None:
     first(tf.constant(x))
     for mode in ("eager", "graph"):
         assert same_bits(run(built[0], x, mask, mode), bf.inject(x, fmt, bf.BitFlip(), fmap))
+
+
+@pytest.mark.parametrize("fmt", [SEED_FORMAT, bf.FixedPoint(8, 4), bf.IntQuant(8),
+                                 bf.IntQuant(4, symmetric=False, per_channel=1),
+                                 bf.Float("float16"), bf.Float("bfloat16"),
+                                 bf.Float("float8_e4m3fn")], ids=str)
+@pytest.mark.parametrize("fault", [bf.BitFlip(), bf.StuckAt(1, bits="msb")], ids=str)
+def test_inject_tensor_is_the_core_inject(fmt, fault) -> None:
+    """bitfault.keras.inject_tensor: one tensor, its own layout, bitfault.inject's bits."""
+    from bitfault.keras import inject_tensor
+
+    rng = np.random.default_rng(5)
+    x = rng.normal(0, 0.5, (12, 7)).astype(np.float32)
+    fmap = bf.FaultMap.random(x.shape, fmt, ber=0.05, seed=3, name="w")
+    got = inject_tensor(tf.constant(x), fmt, fault, fmap).numpy()
+    assert same_bits(got, bf.inject(x, fmt, fault, fmap))
+
+
+def test_inject_tensor_refuses_what_does_not_fit() -> None:
+    from bitfault.keras import inject_tensor
+
+    fmap = bf.FaultMap.random((4, 4), SEED_FORMAT, ber=0.1, seed=0)
+    with pytest.raises(TypeError, match="x must be a float32 tensor"):
+        inject_tensor(tf.zeros((4, 4), tf.float64), SEED_FORMAT, bf.BitFlip(), fmap)
+    with pytest.raises(ValueError, match="shape"):
+        inject_tensor(tf.zeros((4, 5)), SEED_FORMAT, bf.BitFlip(), fmap)

@@ -311,3 +311,14 @@ def test_randbet_step_rejects_fault_aware_and_injected_models():
     with pytest.raises(ValueError, match="faults injected"):
         randbet_step(model, opt, x, y, Recipe(), 0)
     handle.remove()
+
+
+def test_relu_bounds_names_every_bounded_relu() -> None:
+    """bitfault.torch.relu_bounds, the twin of bitfault.keras.relu_bounds."""
+    from bitfault.torch import bound_relus_, relu_bounds
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2),
+                                torch.nn.ReLU())
+    assert relu_bounds(model) == {}
+    bound_relus_(model, {"1": 0.5, "3": 2.0})
+    assert relu_bounds(model) == {"1": 0.5, "3": 2.0}

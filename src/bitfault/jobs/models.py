@@ -93,13 +93,6 @@ def _check_type(model: Any, framework: str, name: str) -> None:
                           f"{framework!r}); it returned a {type(model).__name__}")
 
 
-def relu_bounds(model: Any) -> dict[str, float]:
-    """Bounded ReLUs of a trained PyTorch model (not in its state_dict), by module name."""
-    from bitfault.torch.recipes import BoundedReLU
-
-    return {n: m.threshold for n, m in model.named_modules() if isinstance(m, BoundedReLU)}
-
-
 def save_model(model: Any, directory: str | os.PathLike[str], framework: str,
                spec: ModelConfig, seed: int) -> Path:
     """Write the weights (model.pt / model.keras) and model.json into ``directory``."""
@@ -111,6 +104,8 @@ def save_model(model: Any, directory: str | os.PathLike[str], framework: str,
                             "kwargs": dict(spec.kwargs), "seed": seed}
     if framework == "torch":
         import torch
+
+        from bitfault.torch import relu_bounds
 
         info["relu_bounds"] = relu_bounds(model)
         with atomic_path(path) as tmp:
@@ -193,5 +188,5 @@ def _read(path: Path, load: Any) -> Any:
                          f"({_first_line(exc)}); train it again") from None
 
 
-__all__ = ["UntrustedModel", "build_model", "check_trusted", "load_model", "relu_bounds",
+__all__ = ["UntrustedModel", "build_model", "check_trusted", "load_model",
            "resolve_callable", "save_model"]

@@ -39,6 +39,7 @@ from bitfault.keras.recipes import (
     relu_sites,
     stored_weights,
 )
+from bitfault.keras.seam import inject_tensor
 from bitfault.keras.targets import select_tensors
 from bitfault.keras.train import evaluate, fit, randbet_step
 
@@ -63,6 +64,7 @@ __all__ = [
     "faulty_layers",
     "fit",
     "inject",
+    "inject_tensor",
     "quantised_weights",
     "randbet_step",
     "relu_bounds",

@@ -13,6 +13,7 @@ NumPy core, so a map costs its faulty elements alone. Every path is bit for bit
 from __future__ import annotations
 
 import functools
+import math
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from bitfault.errors import ArgumentTypeError
 from bitfault.faults import BitFlip, FaultModel, StuckAt
 from bitfault.formats import FixedPoint, Float, Format, IntQuant
 from bitfault.keras.layouts import Slot
@@ -31,7 +33,7 @@ from bitfault.keras.ops import (
     small_float_fault,
 )
 from bitfault.maps import FaultMap
-from bitfault.memory import StoredArray
+from bitfault.memory import StoredArray, check_map_fits
 
 #: Set ``BITFAULT_KERAS_XLA=0`` to run the transform as plain TensorFlow ops (slower).
 USE_XLA = os.environ.get("BITFAULT_KERAS_XLA", "1") != "0"
@@ -66,6 +68,29 @@ def fault_function(fmt: Format, fault: FaultModel, axis: int | None = None) -> F
     if fmt.codec is not None:  # type: ignore[attr-defined]
         return small_float_fault(fmt, fault)  # type: ignore[arg-type]
     return float_fault(fmt, fault)  # type: ignore[arg-type]
+
+
+def inject_tensor(x: Any, fmt: Format, fault: FaultModel, fmap: FaultMap) -> tf.Tensor:
+    """``bitfault.inject`` for one float32 TensorFlow tensor, on its device, bit for bit.
+
+    The map is in the tensor's own layout (the layers map a Dense kernel as PyTorch's
+    ``(out, in)``; here an ``(in, out)`` kernel takes an ``(in, out)`` map), and an IntQuant
+    channel axis is the tensor's own. The twin of ``bitfault.torch.inject_tensor``.
+    """
+    x = tf.convert_to_tensor(x)
+    if x.dtype != tf.float32:
+        raise ArgumentTypeError("x", x, "a float32 tensor", tail=f", got dtype {x.dtype.name}")
+    shape = tuple(int(d) for d in x.shape)
+    check_map_fits(fmap, shape, fmt)
+    axis = None
+    if isinstance(fmt, IntQuant) and fmt.axis is not None:
+        fmt.reduce_axes(len(shape))  # the axis must exist
+        axis = fmt.axis % len(shape)
+    dtype = np.dtype(fmt.container)
+    dense = np.zeros(math.prod(shape), f"u{dtype.itemsize}")
+    dense[fmap.indices] = (fmap.masks & np.uint32(fault.eligible_mask(fmt))).astype(dense.dtype)
+    mask = tf.constant(dense.view(dtype).reshape(shape))
+    return fault_function(fmt, fault, axis)(x, mask)
 
 
 def fused_fault_function(fns: Sequence[FaultFn], jit: bool = True) -> Any:
@@ -138,5 +163,15 @@ def faulty_elements(memory: StoredArray, fault: FaultModel,
     return memory.faulty_elements(fault, fmap)
 
 
-__all__ = ["USE_XLA", "channel_axis", "check_supported", "fault_function", "faulty_elements",
-           "fused", "fused_fault_function", "stored", "straight_through"]
+__all__ = [
+    "USE_XLA",
+    "channel_axis",
+    "check_supported",
+    "fault_function",
+    "faulty_elements",
+    "fused",
+    "fused_fault_function",
+    "inject_tensor",
+    "stored",
+    "straight_through",
+]

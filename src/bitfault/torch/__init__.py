@@ -33,6 +33,7 @@ from bitfault.torch.recipes import (
     bound_relus_,
     calibrate_relu_thresholds,
     clip_weights_,
+    relu_bounds,
 )
 from bitfault.torch.seam import inject_tensor
 from bitfault.torch.targets import DEFAULT_MODULES, Selected, select_tensors
@@ -47,4 +48,4 @@ from bitfault.torch.train import (
 __all__ = ["DEFAULT_MODULES", "BoundedReLU", "ClipHandle", "FaultHandle", "Selected",
            "TorchEvaluator", "batch_map", "bound_relus_", "calibrate_relu_thresholds",
            "clip_weights_", "evaluate", "fit", "inject_", "inject_tensor", "quantised_weights",
-           "randbet_step", "select_tensors", "stored_weights"]
+           "randbet_step", "relu_bounds", "select_tensors", "stored_weights"]

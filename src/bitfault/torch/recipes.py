@@ -132,6 +132,11 @@ def bound_relus_(model: nn.Module, thresholds: float | Mapping[str, float]) -> l
     return list(chosen)
 
 
+def relu_bounds(model: nn.Module) -> dict[str, float]:
+    """The thresholds of a model's bounded ReLUs (not in its state_dict), by module name."""
+    return {n: m.threshold for n, m in model.named_modules() if isinstance(m, BoundedReLU)}
+
+
 def calibrate_relu_thresholds(model: nn.Module, x: Any, quantile: float = 0.999,
                               batch_size: int = 1000,
                               forward: Callable[[torch.Tensor], Any] | None = None
@@ -179,5 +184,11 @@ def calibrate_relu_thresholds(model: nn.Module, x: Any, quantile: float = 0.999,
     return thresholds_from_activations(seen, quantile, "ReLU module(s)")
 
 
-__all__ = ["BoundedReLU", "ClipHandle", "bound_relus_", "calibrate_relu_thresholds",
-           "clip_weights_"]
+__all__ = [
+    "BoundedReLU",
+    "ClipHandle",
+    "bound_relus_",
+    "calibrate_relu_thresholds",
+    "clip_weights_",
+    "relu_bounds",
+]
