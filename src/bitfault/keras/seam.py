@@ -125,6 +125,16 @@ def channel_axis(slot: Slot, fmt: Format) -> int | None:
     return None
 
 
+@functools.cache
+def _zero_outside(lo: float, hi: float, jit: bool) -> Any:
+    """``(v, dy) -> dy`` where ``lo <= v <= hi``, exactly 0 elsewhere: one fused pass (XLA)."""
+
+    def run(v: tf.Tensor, dy: tf.Tensor) -> tf.Tensor:
+        return tf.where((v >= lo) & (v <= hi), dy, tf.zeros_like(dy))
+
+    return tf.function(run, jit_compile=True) if jit else run
+
+
 def straight_through(fused: Any, values: list[tf.Tensor], masks: list[tf.Tensor],
                      gradient: str, bounds: tuple[float, float] | None = None
                      ) -> list[tf.Tensor]:
@@ -140,9 +150,8 @@ def straight_through(fused: Any, values: list[tf.Tensor], masks: list[tf.Tensor]
 
         def grad(*dys: tf.Tensor) -> list[Any]:
             if bounds is not None:
-                lo, hi = bounds
-                dys = tuple(tf.where((v >= lo) & (v <= hi), dy, tf.zeros_like(dy))
-                            for v, dy in zip(args[:n], dys, strict=True))
+                zero_outside = _zero_outside(*bounds, USE_XLA)
+                dys = tuple(zero_outside(v, dy) for v, dy in zip(args[:n], dys, strict=True))
             return [*dys, *([None] * n)]
 
         return out, grad

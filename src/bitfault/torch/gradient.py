@@ -36,6 +36,11 @@ def _zero_outside(clean: torch.Tensor, bounds: tuple[float, float]
     values = clean.detach()
 
     def hook(grad: torch.Tensor) -> torch.Tensor:
+        if values.numel() == 0:
+            return grad
+        low, high = torch.aminmax(values)  # one pass; NaN fails both tests below
+        if low >= lo and high <= hi:  # the usual case: every clean value is storable
+            return grad
         return torch.where((values >= lo) & (values <= hi), grad, grad.new_zeros(()))
 
     return hook
