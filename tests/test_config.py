@@ -378,3 +378,20 @@ def test_every_core_error_in_a_config_is_a_config_error(fault_aware: dict) -> No
     with pytest.raises(ConfigError) as info:
         load_config({"recipes": [{"name": "a", "format": None, "fault_aware": fault_aware}]})
     assert info.value.key.startswith("recipes[0].fault_aware"), str(info.value)
+
+
+def test_campaign_targets_take_the_targets_vocabulary() -> None:
+    """campaign.targets also takes {kinds, include, exclude}: bitfault.Targets, as a spec's
+    targets and the evaluators read it; it round-trips through config.json."""
+    base = {"recipes": [{"name": "int8", "format": {"kind": "int_quant", "bits": 8}}]}
+    wanted = {"kinds": ["weights", "biases"], "include": ["fc*"], "exclude": ["fc3.*"]}
+    config = load_config({**base, "campaign": {"targets": wanted}})
+    assert config.campaign.targets == bf.Targets(("weights", "biases"), ("fc*",), ("fc3.*",))
+    assert config.to_dict()["campaign"]["targets"] == wanted
+    assert load_config(config.to_dict()) == config
+    with pytest.raises(ConfigError) as err:
+        load_config({**base, "campaign": {"targets": {"kinds": ["weights"], "bogus": 1}}})
+    assert err.value.key == "campaign.targets"
+    with pytest.raises(ConfigError) as err:
+        load_config({**base, "campaign": {"targets": {"kinds": ["everything"]}}})
+    assert err.value.key == "campaign.targets"

@@ -21,9 +21,10 @@ from bitfault.config.schema import (
     ModelConfig,
     RunConfig,
     TrainConfig,
+    targets_value,
 )
 from bitfault.config.validate import config_from_dict
 
 __all__ = ["BUILTIN_MODELS", "FRAMEWORKS", "CampaignConfig", "ConfigError", "DataConfig",
            "ModelConfig", "RunConfig", "TrainConfig", "config_from_dict", "load_config",
-           "read_config_file"]
+           "read_config_file", "targets_value"]

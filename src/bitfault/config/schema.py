@@ -9,6 +9,7 @@ from typing import Any
 
 from bitfault.faults import BitFlip, FaultModel
 from bitfault.recipes import Recipe
+from bitfault.targets import Targets
 
 FRAMEWORKS = ("torch", "keras")
 SOURCES = ("embedded", "idx", "npz", "fashion-mnist")
@@ -24,6 +25,13 @@ class ConfigError(ValueError):
         got = "unknown" if unknown else f"got {value!r}"
         super().__init__(f"config key {key!r}: {got}; allowed: {allowed}")
 
+
+
+def targets_value(targets: str | tuple[str, ...] | Targets) -> Any:
+    """``campaign.targets`` as the config file writes it (JSON-ready)."""
+    if isinstance(targets, Targets):
+        return targets.to_dict()
+    return targets if isinstance(targets, str) else list(targets)
 
 
 @dataclass(frozen=True)
@@ -74,7 +82,7 @@ class CampaignConfig:
     chips: int = 10
     seed: int = 1000
     fault: FaultModel = field(default_factory=BitFlip)
-    targets: str | tuple[str, ...] = "weights"
+    targets: str | tuple[str, ...] | Targets = "weights"
     layers: bool = False
     bits: bool = False
     sensitivity_bers: tuple[float, ...] | None = None
@@ -128,7 +136,7 @@ class RunConfig:
             "recipes": [r.to_dict() for r in self.recipes],
             "campaign": {"bers": list(c.bers), "chips": c.chips, "seed": c.seed,
                          "fault": c.fault.to_dict(),
-                         "targets": c.targets if isinstance(c.targets, str) else list(c.targets),
+                         "targets": targets_value(c.targets),
                          "layers": c.layers, "bits": c.bits,
                          "sensitivity_bers": None if c.sensitivity_bers is None
                          else list(c.sensitivity_bers),
@@ -140,4 +148,4 @@ class RunConfig:
 
 
 __all__ = ["BUILTIN_MODELS", "FRAMEWORKS", "SOURCES", "CampaignConfig", "ConfigError",
-           "DataConfig", "ModelConfig", "RunConfig", "TrainConfig"]
+           "DataConfig", "ModelConfig", "RunConfig", "TrainConfig", "targets_value"]

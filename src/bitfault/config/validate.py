@@ -33,6 +33,7 @@ from bitfault.faults import fault_from_dict
 from bitfault.formats import format_from_dict
 from bitfault.recipes import OPTIMIZERS, RandBET, Recipe
 from bitfault.spec import SPEC_KEYS, FaultSpec
+from bitfault.targets import Targets
 
 MAX_CHIPS = 1_000_000
 INT64_MAX = 2**63 - 1  # SQLite INTEGER (campaign stores) and the frameworks' int64
@@ -288,8 +289,11 @@ def _campaign(raw: Any) -> CampaignConfig:
         raise ConfigError("campaign.fault", fault, "a fault model mapping, e.g. {kind: bit_flip}")
     fault = _library("campaign.fault", fault, lambda: fault_from_dict(dict(fault)))
     targets = d.get("targets", c.targets)
-    allowed = "'weights', 'weights+biases' or a list of tensor names (e.g. [fc1.weight])"
-    if isinstance(targets, str):
+    allowed = ("'weights', 'weights+biases', a list of tensor names (e.g. [fc1.weight]) or "
+               "{kinds, include, exclude} (bitfault.Targets)")
+    if isinstance(targets, Mapping):
+        targets = _library("campaign.targets", targets, lambda: Targets.from_dict(targets))
+    elif isinstance(targets, str):
         if targets not in ("weights", "weights+biases"):
             raise ConfigError("campaign.targets", targets, allowed)
     elif (not isinstance(targets, (list, tuple)) or not targets

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bitfault.config import CampaignConfig, ConfigError, RunConfig, load_config
+from bitfault.config import CampaignConfig, ConfigError, RunConfig, load_config, targets_value
 from bitfault.jobs.data import load_data
 from bitfault.jobs.lock import lock_run_dir
 from bitfault.jobs.models import load_model
@@ -48,6 +48,7 @@ from bitfault.jobs.summary import (
 )
 from bitfault.memory import Memory
 from bitfault.recipes import Recipe
+from bitfault.targets import Targets
 
 
 def _resolve(rd: RunDir, config: RunConfig | None,
@@ -75,11 +76,12 @@ def check_campaign(config: RunConfig, *, stored_formats: bool = True) -> None:
                               f"and recipe {r.name!r} trains plain float weights")
     c = config.campaign
     if config.framework == "keras" and (c.targets == "weights+biases" or (
-            not isinstance(c.targets, str) and any(not t.endswith(".weight")
-                                                   for t in c.targets))):
-        raise ConfigError("campaign.targets", c.targets if isinstance(c.targets, str)
-                          else list(c.targets), "'weights' or a list of '<layer>.weight' "
-                          "names for framework 'keras' (Keras campaigns fault kernels)")
+            isinstance(c.targets, Targets) and c.targets.kinds != ("weights",)) or (
+            isinstance(c.targets, tuple) and any(not t.endswith(".weight")
+                                                 for t in c.targets))):
+        raise ConfigError("campaign.targets", targets_value(c.targets), "'weights', a list of "
+                          "'<layer>.weight' names or {kinds: [weights], include, exclude} for "
+                          "framework 'keras' (Keras campaigns fault kernels)")
 
 
 def make_evaluator(model: Any, framework: str, x: Any, y: Any, c: CampaignConfig) -> Any:
@@ -119,8 +121,8 @@ def plan_model(config: RunConfig, recipe: Recipe, model: Any, x: Any, y: Any) ->
     except ValueError as exc:
         if isinstance(c.targets, str):
             raise
-        raise ConfigError("campaign.targets", list(c.targets), f"names of tensors the model "
-                          f"has ({exc})") from None
+        raise ConfigError("campaign.targets", targets_value(c.targets), f"names or patterns of "
+                          f"tensors the model has ({exc})") from None
     shapes = evaluator.tensor_shapes()
     trials = build_trials(c, memory, shapes)
     singles = single_fault_trials(c, memory, shapes)
