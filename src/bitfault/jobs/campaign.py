@@ -121,8 +121,9 @@ def plan_model(config: RunConfig, recipe: Recipe, model: Any, x: Any, y: Any) ->
     except ValueError as exc:
         if isinstance(c.targets, str):
             raise
-        raise ConfigError("campaign.targets", targets_value(c.targets), f"names of tensors the model "
-                          f"has, or patterns matching them ({exc})") from None
+        raise ConfigError("campaign.targets", targets_value(c.targets),
+                          f"names of tensors the model has, or patterns matching them "
+                          f"({exc})") from None
     shapes = evaluator.tensor_shapes()
     trials = build_trials(c, memory, shapes)
     singles = single_fault_trials(c, memory, shapes)
