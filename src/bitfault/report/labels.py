@@ -21,36 +21,32 @@ def _fault_dict(fault: Any) -> dict[str, Any]:
     raise TypeError(f"fault must be a fault model, its to_dict() or None, got {fault!r}")
 
 
-def rate_name(fault: Any = None) -> str:
-    """What the swept rate is called: "bit error rate", "stuck-at-0 rate", ..."""
+def _fault_words(fault: Any) -> tuple[str, str, str]:
+    """(the rate's name, what a faulty bit is, the faults in words) for a fault model."""
     d = _fault_dict(fault)
     if d["kind"] == "stuck_at":
-        return f"stuck-at-{d.get('value', 0)} rate"
+        v = d.get("value", 0)
+        return f"stuck-at-{v} rate", f"stuck at {v}", f"bits stuck at {v}"
     if d["kind"] == "bit_flip":
-        return "bit error rate"
-    return f"{str(d['kind']).replace('_', ' ')} rate"
+        return "bit error rate", "flipped", "random bit flips"
+    kind = str(d["kind"]).replace("_", " ")
+    return f"{kind} rate", f"with a {kind} fault", f"{kind} faults"
+
+
+def rate_name(fault: Any = None) -> str:
+    """What the swept rate is called: "bit error rate", "stuck-at-0 rate", ..."""
+    return _fault_words(fault)[0]
 
 
 def rate_label(fault: Any = None) -> str:
     """An axis label for the rate, e.g. "bit error rate (fraction of stored bits flipped)"."""
-    d = _fault_dict(fault)
-    if d["kind"] == "stuck_at":
-        what = f"stuck at {d.get('value', 0)}"
-    elif d["kind"] == "bit_flip":
-        what = "flipped"
-    else:
-        what = f"with a {str(d['kind']).replace('_', ' ')} fault"
-    return f"{rate_name(fault)} (fraction of stored bits {what})"
+    name, what, _ = _fault_words(fault)
+    return f"{name} (fraction of stored bits {what})"
 
 
 def fault_phrase(fault: Any = None) -> str:
     """The faults in words: "random bit flips", "bits stuck at 0"."""
-    d = _fault_dict(fault)
-    if d["kind"] == "stuck_at":
-        return f"bits stuck at {d.get('value', 0)}"
-    if d["kind"] == "bit_flip":
-        return "random bit flips"
-    return f"{str(d['kind']).replace('_', ' ')} faults"
+    return _fault_words(fault)[2]
 
 
 def bit_roles(fmt: Any) -> dict[int, str]:
