@@ -246,3 +246,24 @@ def test_fit_stops_when_training_diverges(toy) -> None:
     model = toy_model()
     with pytest.raises(FloatingPointError, match=r"training diverged at epoch 1, step \d+"):
         fit(model, *toy, Recipe(format=None), epochs=3, batch_size=20, lr=1e30)
+
+
+@pytest.mark.parametrize("fault_aware", [False, True])
+def test_fit_keeps_the_clean_weights_storable(fault_aware: bool) -> None:
+    """As in PyTorch: fit projects the clean kernels into FixedPoint(4, 3)'s [-1, 0.875]
+    after every step (within weight_clip's range too), then gives back the model's own
+    constraints."""
+    rng = np.random.default_rng(0)
+    x = rng.random((200, 784), dtype=np.float32)
+    y = rng.integers(0, 10, 200)
+    fmt = bf.FixedPoint(4, 3)
+    recipe = (Recipe(name="fa", format=None, fault_aware=bf.FaultSpec(format=fmt, ber=1e-2))
+              if fault_aware else Recipe(name="q", format=fmt))
+    model = seed_mlp(hidden=32, seed=0)
+    fit(model, x, y, recipe, epochs=3, lr=5.0, batch_size=50)
+    lo, hi = fmt.range
+    for name, w in stored_weights(model).items():
+        values = np.asarray(w)
+        assert lo <= values.min() and values.max() <= hi, name
+    assert all(layer.kernel_constraint is None for layer in model.layers
+               if hasattr(layer, "kernel_constraint"))

@@ -265,3 +265,24 @@ def test_fit_stops_when_training_diverges(mnist) -> None:
     model = SeedMLP(hidden=16, seed=0)
     with pytest.raises(FloatingPointError, match=r"training diverged at epoch 1, step \d+"):
         fit(model, mnist[0][:200], mnist[1][:200], Recipe(format=None), epochs=3, lr=1e30)
+
+
+@pytest.mark.parametrize("fault_aware", [False, True])
+def test_fit_keeps_the_clean_weights_storable(fault_aware: bool) -> None:
+    """A large step (and SGD's momentum, which goes on where the gradient is zero) carries
+    weights past FixedPoint(4, 3)'s [-1, 0.875]; fit projects them back after every step."""
+    from bitfault.models.torch import seed_mlp
+    from bitfault.torch import stored_weights
+
+    rng = np.random.default_rng(0)
+    x = torch.tensor(rng.random((200, 784), dtype=np.float32))
+    y = torch.tensor(rng.integers(0, 10, 200))
+    fmt = bf.FixedPoint(4, 3)
+    recipe = (Recipe(name="fa", format=None, fault_aware=bf.FaultSpec(format=fmt, ber=1e-2))
+              if fault_aware else Recipe(name="q", format=fmt))
+    torch.manual_seed(0)
+    model = seed_mlp(hidden=32)
+    fit(model, x, y, recipe, epochs=3, lr=5.0, batch_size=50)
+    lo, hi = fmt.range
+    for name, w in stored_weights(model).items():
+        assert lo <= float(w.min()) and float(w.max()) <= hi, name

@@ -15,6 +15,7 @@ nested models), which is what threshold dicts are keyed by.
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -156,6 +157,40 @@ class ClipWeights(keras.constraints.Constraint):
 
     def get_config(self) -> dict[str, Any]:
         return {"w_max": self.w_max}
+
+
+@keras.saving.register_keras_serializable(package="bitfault")
+class ClipToRange(keras.constraints.Constraint):
+    """Project a weight to ``[lo, hi]`` (``fit``: the clean weights stay storable)."""
+
+    def __init__(self, lo: float, hi: float) -> None:
+        if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+            raise ValueError(f"ClipToRange needs finite lo < hi, got {lo!r}, {hi!r}")
+        self.lo, self.hi = float(lo), float(hi)
+
+    def __call__(self, w: Any) -> Any:
+        return keras.ops.clip(w, self.lo, self.hi)
+
+    def get_config(self) -> dict[str, Any]:
+        return {"lo": self.lo, "hi": self.hi}
+
+
+def _keep_in_range_(model: keras.Model, lo: float, hi: float) -> list[str]:
+    """Keep every stored tensor of ``model`` in ``[lo, hi]``, as ``clip_weights_`` keeps it
+    in ``[-w_max, w_max]`` (and within both when both are set: one constraint each)."""
+    _check_model(model)
+    owners = _owner(model)
+    found = stored_weights(model)
+    for variable in found.values():
+        layer, attr = owners[id(variable)]
+        old = variable.constraint
+        low, high = (max(lo, -old.w_max), min(hi, old.w_max)) if isinstance(
+            old, ClipWeights) else (lo, hi)
+        constraint = ClipToRange(low, high)
+        setattr(layer, attr, constraint)
+        variable.constraint = constraint
+        variable.assign(constraint(variable.value))
+    return list(found)
 
 
 def clip_weights_(model: keras.Model, w_max: float | None) -> list[str]:

@@ -286,6 +286,8 @@ def fit(model: nn.Module, x: Any, y: Any, recipe: Recipe, *, epochs: int, batch_
     if recipe.weight_clip is not None:
         clip = clip_weights_(opt, recipe.weight_clip, params=list(weights.values()))
         clip.apply()
+    bounds = None if fmt is None else gradient_bounds(fmt)
+    in_range = None if bounds is None else _keep_in_range_(opt, list(weights.values()), bounds)
     # fault_aware: inject_'s hooks fault the forward; the step then runs the plain model
     step_recipe = recipe.replace(format=None) if handle is not None else recipe
     g = torch.Generator().manual_seed(seed)
@@ -335,8 +337,26 @@ def fit(model: nn.Module, x: Any, y: Any, recipe: Recipe, *, epochs: int, batch_
             handle.remove()
         if clip is not None:
             clip.remove()
+        if in_range is not None:
+            in_range.remove()
         model.train(was_training)
     return history
+
+
+def _keep_in_range_(opt: torch.optim.Optimizer, params: list[torch.Tensor],
+                    bounds: tuple[float, float]) -> Any:
+    """Project ``params`` into the format's range now and after every step, so the clean
+    weights stay storable (the straight-through gradient is zero outside, but one step
+    can still carry a weight past the end); returns the hook's handle."""
+    lo, hi = bounds
+
+    def project(*_: Any) -> None:
+        with torch.no_grad():
+            for p in params:
+                p.clamp_(lo, hi)
+
+    project()
+    return opt.register_step_post_hook(project)
 
 
 __all__ = ["OPTIMIZERS", "evaluate", "fit", "quantised_weights", "randbet_step",
