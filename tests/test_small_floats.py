@@ -13,6 +13,7 @@ import pytest
 import bitfault as bf
 import reference as ref
 from bitfault.formats import Float, format_from_dict
+from bitfault.formats.minifloat import SMALL_FLOATS
 
 md = pytest.importorskip("ml_dtypes")
 
@@ -304,3 +305,23 @@ def test_config_loads_a_small_float_format():
                                    "overflow": "error"}}]})
     assert [r.format for r in config.recipes] == [Float("float8_e4m3fn"),
                                                   Float("float4_e2m1fn", "error")]
+
+
+@pytest.mark.parametrize("name", sorted(SMALL_FLOATS))
+def test_float32_lookup_encodes_as_the_exact_encoder(name: str) -> None:
+    """float32 input is encoded by table lookup (sign, exponent, the round bit and a sticky
+    bit): every code and mapped count equals the exact encoder's, on random bit patterns
+    (every class: NaN, inf, float32 subnormals, zero) and around every midpoint."""
+    layout = SMALL_FLOATS[name]
+    rng = np.random.default_rng(17)
+    pattern = rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32)
+    pattern[:1000] &= np.uint32(0x807FFFFF)  # float32 subnormals and zeros
+    mids = layout.midpoints.astype(np.float32)
+    near = np.concatenate([mids, np.nextafter(mids, np.float32(np.inf)),
+                           np.nextafter(mids, np.float32(0)), -mids])
+    x = np.concatenate([pattern.view(np.float32), near]).astype(np.float32)
+    for overflow in ("saturate", "nan") if layout.has_nan else ("saturate",):
+        codes, n = layout.encode(x, overflow)
+        exact, mapped = layout.encode_exact(x, overflow)
+        assert np.array_equal(codes, exact), (name, overflow)
+        assert n == int(np.count_nonzero(mapped)), (name, overflow)

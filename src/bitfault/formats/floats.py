@@ -121,6 +121,8 @@ class Float(FormatBase, kind="float"):
         codec = self.codec
         if codec is not None:
             codes, n = codec.encode(arr, self.overflow)
+            if codes.dtype == np.uint8:  # the lookup's codes: already the int8 container's bits
+                return codes.view(np.int8), n
             return to_container(codes, codec.bits), n
         words = self.encode(arr, params)
         overflowed = np.isinf(self.decode(words)) & np.isfinite(arr)

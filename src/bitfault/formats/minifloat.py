@@ -146,8 +146,48 @@ class MiniFloat:
         return table
 
     def encode(self, x: np.ndarray, overflow: str) -> tuple[np.ndarray, int]:
-        """float16/32/64 array -> (int64 codes, how many values the overflow policy mapped),
-        rounded once from the input's exact value."""
+        """float16/32/64 array -> (codes, how many values the overflow policy mapped),
+        rounded once from the input's exact value. float32 goes by table lookup (the same
+        codes, as uint8: ``float32_tables``), other dtypes and overflow='error' the exact
+        way (int64 codes)."""
+        x = np.asarray(x)
+        if x.dtype == np.float32 and overflow != "error":
+            return self._encode_float32(x, overflow)
+        codes, mapped = self.encode_exact(x, overflow)
+        return codes, int(np.count_nonzero(mapped))
+
+    @functools.cache  # noqa: B019 (a handful of layouts and policies, alive for the process)
+    def float32_tables(self, overflow: str) -> tuple[np.ndarray, np.ndarray]:
+        """The code of every float32 (and whether the policy mapped it), indexed by its sign,
+        exponent and top ``mantissa + 1`` mantissa bits, then by whether any lower bit is
+        set: rounding to ``mantissa`` bits reads nothing else (the round bit and a sticky
+        bit). Built once from the exact encoder, so the codes are its codes."""
+        shift = 22 - self.mantissa
+        keys = np.arange(1 << (32 - shift), dtype=np.uint32) << np.uint32(shift)
+        reps = np.concatenate([keys, keys | np.uint32(1)]).view(np.float32)
+        with np.errstate(invalid="ignore"):  # signalling NaN patterns among them
+            codes, mapped = self.encode_exact(reps, overflow)
+        codes = codes.astype(np.uint8)
+        codes.setflags(write=False)
+        mapped.setflags(write=False)
+        return codes, mapped
+
+    def _encode_float32(self, x: np.ndarray, overflow: str) -> tuple[np.ndarray, int]:
+        codes_t, mapped_t = self.float32_tables(overflow)
+        shift = 22 - self.mantissa
+        bits = np.ascontiguousarray(x).view(np.uint32)
+        sticky = ((bits & np.uint32((1 << shift) - 1)) != 0).view(np.uint8)
+        index = (bits >> np.uint32(shift)) | (sticky.astype(np.uint32) << np.uint32(32 - shift))
+        codes, mapped = codes_t.take(index), mapped_t.take(index)
+        if not self.subnormals:  # E8M0's smallest value 2**-127 is a float32 subnormal:
+            tiny = ((bits & np.uint32(0x7F800000)) == 0) & ((bits & np.uint32(0x7FFFFF)) != 0)
+            if tiny.any():  # those few go the exact way
+                exact, flagged = self.encode_exact(x[tiny], overflow)
+                codes[tiny], mapped[tiny] = exact.astype(np.uint8), flagged
+        return codes, int(np.count_nonzero(mapped))
+
+    def encode_exact(self, x: np.ndarray, overflow: str) -> tuple[np.ndarray, np.ndarray]:
+        """(int64 codes, bool: the overflow policy mapped this value) from exact values."""
         x64 = np.asarray(x).astype(np.float64)
         a = np.abs(x64)
         n = self.n_finite
@@ -175,10 +215,10 @@ class MiniFloat:
         if nan.any():
             stored = 0 if self.nan_code is None else sign | self.nan_code
             codes = np.where(nan, stored, codes)
-        n_mapped = np.count_nonzero(mapped) + np.count_nonzero(low)
+        flagged = mapped | low
         if self.nan_code is None:
-            n_mapped += np.count_nonzero(nan)
-        return codes, int(n_mapped)
+            flagged = flagged | nan
+        return codes, flagged
 
     def check_storable(self, bad: np.ndarray, x: np.ndarray) -> None:
         """Raise overflow='error''s ValueError at the first ``bad`` value of ``x`` (the
