@@ -20,18 +20,27 @@ from bitfault.recipes import thresholds_from_activations
 
 
 class ClipHandle:
-    """Weight clipping registered on an optimizer by ``clip_weights_``; ``remove()`` it."""
+    """Weights projected into ``[lo, hi]`` after every step of an optimizer
+    (``clip_weights_``: ``[-w_max, w_max]``; ``fit``: the format's range); ``remove()`` it."""
 
-    def __init__(self, params: list[torch.Tensor], w_max: float) -> None:
+    def __init__(self, params: list[torch.Tensor], lo: float, hi: float) -> None:
         self.params = params
-        self.w_max = w_max
+        self.lo, self.hi = lo, hi
         self._hook: Any = None
 
+    @classmethod
+    def after_steps(cls, optimizer: torch.optim.Optimizer, params: list[torch.Tensor],
+                    lo: float, hi: float) -> ClipHandle:
+        """Project ``params`` into ``[lo, hi]`` after every ``optimizer.step()``."""
+        handle = cls(params, lo, hi)
+        handle._hook = optimizer.register_step_post_hook(lambda opt, args, kwargs: handle.apply())
+        return handle
+
     def apply(self) -> None:
-        """Project every clipped tensor to ``[-w_max, w_max]`` now, in place."""
+        """Project every clipped tensor into ``[lo, hi]`` now, in place."""
         with torch.no_grad():
             for p in self.params:
-                p.clamp_(-self.w_max, self.w_max)
+                p.clamp_(self.lo, self.hi)
 
     def remove(self) -> None:
         """Stop clipping after optimizer steps (idempotent)."""
@@ -47,7 +56,7 @@ class ClipHandle:
 
     def __repr__(self) -> str:
         state = "removed" if self._hook is None else "active"
-        return f"ClipHandle({len(self.params)} tensors, w_max={self.w_max:g}, {state})"
+        return f"ClipHandle({len(self.params)} tensors, [{self.lo:g}, {self.hi:g}], {state})"
 
 
 def clip_weights_(optimizer: torch.optim.Optimizer, w_max: float,
@@ -79,9 +88,7 @@ def clip_weights_(optimizer: torch.optim.Optimizer, w_max: float,
     if not chosen:
         raise ValueError("params: nothing to clip (the optimizer has no parameter with two or "
                          "more dimensions; pass params= explicitly)")
-    handle = ClipHandle(chosen, w_max)
-    handle._hook = optimizer.register_step_post_hook(lambda opt, args, kwargs: handle.apply())
-    return handle
+    return ClipHandle.after_steps(optimizer, chosen, -w_max, w_max)
 
 
 class BoundedReLU(nn.Hardtanh):

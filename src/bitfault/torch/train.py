@@ -37,7 +37,12 @@ from bitfault.recipes import (
 from bitfault.torch.gradient import straight_through
 from bitfault.torch.handle import injected
 from bitfault.torch.inject import inject_
-from bitfault.torch.recipes import bound_relus_, calibrate_relu_thresholds, clip_weights_
+from bitfault.torch.recipes import (
+    ClipHandle,
+    bound_relus_,
+    calibrate_relu_thresholds,
+    clip_weights_,
+)
 from bitfault.torch.seam import DeviceFaults, faulty_group
 from bitfault.torch.targets import select_tensors
 
@@ -287,7 +292,10 @@ def fit(model: nn.Module, x: Any, y: Any, recipe: Recipe, *, epochs: int, batch_
         clip = clip_weights_(opt, recipe.weight_clip, params=list(weights.values()))
         clip.apply()
     bounds = None if fmt is None else gradient_bounds(fmt)
-    in_range = None if bounds is None else _keep_in_range_(opt, list(weights.values()), bounds)
+    in_range = None  # the clean weights stay storable (a zero gradient outside the range is
+    if bounds is not None:  # not enough: momentum or one large step carries a weight past it)
+        in_range = ClipHandle.after_steps(opt, list(weights.values()), *bounds)
+        in_range.apply()
     # fault_aware: inject_'s hooks fault the forward; the step then runs the plain model
     step_recipe = recipe.replace(format=None) if handle is not None else recipe
     g = torch.Generator().manual_seed(seed)
@@ -341,22 +349,6 @@ def fit(model: nn.Module, x: Any, y: Any, recipe: Recipe, *, epochs: int, batch_
             in_range.remove()
         model.train(was_training)
     return history
-
-
-def _keep_in_range_(opt: torch.optim.Optimizer, params: list[torch.Tensor],
-                    bounds: tuple[float, float]) -> Any:
-    """Project ``params`` into the format's range now and after every step, so the clean
-    weights stay storable (the straight-through gradient is zero outside, but one step
-    can still carry a weight past the end); returns the hook's handle."""
-    lo, hi = bounds
-
-    def project(*_: Any) -> None:
-        with torch.no_grad():
-            for p in params:
-                p.clamp_(lo, hi)
-
-    project()
-    return opt.register_step_post_hook(project)
 
 
 __all__ = ["OPTIMIZERS", "evaluate", "fit", "quantised_weights", "randbet_step",
