@@ -35,7 +35,7 @@ def test_digest_is_stable_and_hashes_only_format_and_fault():
 
 
 def test_bad_memories_are_refused_naming_the_argument():
-    with pytest.raises(TypeError, match="format must be FixedPoint, IntQuant or Float"):
+    with pytest.raises(TypeError, match="format must be a bitfault format"):
         Memory("fixed", BitFlip())
     with pytest.raises(TypeError, match=r"fault must be BitFlip\(\) or StuckAt"):
         Memory(FixedPoint(), "flip")

@@ -15,7 +15,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from bitfault.errors import ArgumentError, ArgumentTypeError
-from bitfault.formats import Format
+from bitfault.formats import Format, is_block_format, plane_formats, split_by_plane
+from bitfault.formats.blocks import CODES
 
 BitSelection = int | str | Sequence[int | str] | None
 
@@ -82,14 +83,31 @@ class _FaultBase:
     def __post_init__(self) -> None:
         object.__setattr__(self, "bits", _normalise_bits(self.bits))
 
-    def eligible_bits(self, fmt: Format) -> tuple[int, ...]:
-        """The bit positions of ``fmt`` this model may fault."""
-        return resolve_bits(self.bits, fmt)
+    def eligible_bits(self, fmt: Format, plane: str = CODES) -> tuple[int, ...]:
+        """The bit positions of ``plane``'s words of ``fmt`` this model may fault (none
+        for a plane of a block format its ``bits`` leave out)."""
+        if not is_block_format(fmt):
+            if plane != CODES:
+                raise ArgumentError("plane", plane, f"{CODES!r}: {type(fmt).__name__} "
+                                    "stores one plane")
+            return resolve_bits(self.bits, fmt)
+        return self.eligible_planes(fmt).get(plane, ())
 
-    def eligible_mask(self, fmt: Format) -> int:
+    def eligible_planes(self, fmt: Format) -> dict[str, tuple[int, ...]]:
+        """The eligible bit positions of every plane of ``fmt`` that ``bits`` selects
+        (``"scale"``, ``"scale.exponent"``, ...; see ``formats.split_by_plane``)."""
+        formats = plane_formats(fmt)
+        parts = split_by_plane(self.bits, fmt)
+        if not parts:
+            raise ArgumentError("bits", self.bits, f"bits of at least one plane of "
+                                f"{tuple(formats)}")
+        return {plane: resolve_bits(sub, formats[plane]) for plane, sub in parts.items()}
+
+    def eligible_mask(self, fmt: Format, plane: str = CODES) -> int:
+        """The mask of ``eligible_bits``."""
         if self.bits is None:  # every bit of the word
-            return (1 << fmt.bits) - 1
-        return positions_to_mask(self.eligible_bits(fmt))
+            return (1 << plane_formats(fmt)[plane].bits) - 1
+        return positions_to_mask(self.eligible_bits(fmt, plane))
 
     def apply(self, words: np.ndarray, masks: np.ndarray) -> np.ndarray:
         """Apply per-word masks (same dtype and shape as ``words``); returns new words."""

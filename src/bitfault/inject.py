@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from bitfault.faults import FaultModel
-from bitfault.formats import Format, QuantParams, check_float_input, is_format
+from bitfault.faults import FaultModel, check_fault_model
+from bitfault.formats import BlockFormat, Format, QuantParams, check_float_input
+from bitfault.formats.blocks import CODES
 from bitfault.maps import FaultMap, popcount
-from bitfault.memory import check_map_fits, eligible_faults, masks_as_words
+from bitfault.memory import (
+    check_format,
+    check_map_fits,
+    eligible_faults,
+    masks_as_words,
+    plane_faults,
+)
 
 
 @dataclass(frozen=True)
@@ -20,7 +28,8 @@ class InjectionStats:
     faults: faulty bits in the map that the fault model may touch;
     changed_bits: bits whose stored value actually changed (a stuck-at fault on a
     bit that already holds its value changes nothing);
-    changed_values: elements whose stored word changed;
+    changed_values: elements whose stored word changed (for a block format: words of
+    every plane);
     saturated: values mapped by the format's overflow policy while encoding
     (out of range, NaN or inf).
     """
@@ -31,10 +40,17 @@ class InjectionStats:
     saturated: int
 
 
-def fault_words(words: np.ndarray, fmt: Format, fault: FaultModel,
-                fmap: FaultMap) -> tuple[np.ndarray, InjectionStats]:
-    """Apply ``fault`` at ``fmap``'s bits to a copy of ``words``; also return what changed."""
-    idx, masks = eligible_faults(fmap, words.shape, fmt, fault)
+def fault_words(words: np.ndarray, fmt: Format, fault: FaultModel, fmap: FaultMap,
+                plane: str = CODES) -> tuple[np.ndarray, InjectionStats]:
+    """Apply ``fault`` at ``fmap``'s bits to a copy of ``words``; also return what changed.
+
+    ``plane``: which plane ``words`` are of a block-format tensor (its codes: the map is
+    checked against their shape; another plane: the caller has checked the map fits)."""
+    if plane == CODES:
+        idx, masks = eligible_faults(fmap, words.shape, fmt, fault)
+    else:
+        check_fault_model(fault)
+        idx, masks = plane_faults(fmap, fmt, fault, plane)
     container = words.dtype
     out = np.array(words, copy=True, order="C")  # C order: reshape(-1) below is a view
     flat = out.reshape(-1)
@@ -55,14 +71,26 @@ def inject_with_stats(x: Any, fmt: Format, fault: FaultModel,
                       fmap: FaultMap) -> tuple[np.ndarray, InjectionStats]:
     """``inject`` that also returns an ``InjectionStats``."""
     arr = check_float_input(x)
-    if not is_format(fmt):
-        raise TypeError(f"fmt must be a bitfault format (FixedPoint, IntQuant, Float), got {fmt!r}")
+    check_format(fmt, "fmt")
     check_map_fits(fmap, arr.shape, fmt)
+    if isinstance(fmt, BlockFormat):
+        return _inject_planes(arr, fmt, fault, fmap)
     params: QuantParams | None = fmt.calibrate(arr)  # type: ignore[attr-defined]
     words, saturated = fmt.encode_counting(arr, params)  # type: ignore[attr-defined]
     faulty, stats = fault_words(words, fmt, fault, fmap)
     out = fmt.decode(faulty, params, dtype=arr.dtype)
     return out, InjectionStats(stats.faults, stats.changed_bits, stats.changed_values, saturated)
+
+
+def _inject_planes(arr: np.ndarray, fmt: BlockFormat, fault: FaultModel,
+                   fmap: FaultMap) -> tuple[np.ndarray, InjectionStats]:
+    """Every plane of a block-format tensor faulted by its map, then decoded."""
+    faulty, total = {}, InjectionStats(0, 0, 0, 0)
+    for plane, words in fmt.encode(arr).items():
+        faulty[plane], stats = fault_words(words, fmt, fault, fmap, plane)
+        total = InjectionStats(*(a + b for a, b in zip(dataclasses.astuple(total),
+                                                      dataclasses.astuple(stats), strict=True)))
+    return fmt.decode(faulty, dtype=arr.dtype), total
 
 
 def inject(x: Any, fmt: Format, fault: FaultModel, fmap: FaultMap) -> np.ndarray:

@@ -18,7 +18,17 @@ import numpy as np
 
 from bitfault.errors import ArgumentError, ArgumentTypeError
 from bitfault.faults import FaultModel, as_fault_model, check_fault_model
-from bitfault.formats import Format, QuantParams, check_float_input, format_from_dict, is_format
+from bitfault.formats import (
+    BlockFormat,
+    Format,
+    QuantParams,
+    check_float_input,
+    format_from_dict,
+    is_format,
+    plane_formats,
+)
+from bitfault.formats.base import cast_quietly
+from bitfault.formats.blocks import CODES
 from bitfault.maps import FaultMap
 
 _KEYS = ("format", "fault")
@@ -27,7 +37,8 @@ _KEYS = ("format", "fault")
 def check_format(fmt: Any, argument: str = "format") -> Format:
     """``fmt`` if it is a bitfault format; TypeError naming ``argument`` otherwise."""
     if not is_format(fmt):
-        raise ArgumentTypeError(argument, fmt, "FixedPoint, IntQuant or Float")
+        raise ArgumentTypeError(argument, fmt, "a bitfault format (FixedPoint, IntQuant, Float "
+                                "or a block format: MX, NVFP4, GGUF)")
     return fmt
 
 
@@ -47,7 +58,7 @@ class Memory:
             object.__setattr__(self, "format", format_from_dict(dict(self.format)))
         check_format(self.format)
         object.__setattr__(self, "fault", as_fault_model(self.fault))
-        self.fault.eligible_bits(self.format)  # validates bit names against the format
+        self.fault.eligible_planes(self.format)  # validates bit names against the format
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict; ``Memory.from_dict`` rebuilds an equal memory."""
@@ -77,7 +88,25 @@ class Memory:
 
 def check_map_fits(fmap: FaultMap, shape: tuple[int, ...], fmt: Format,
                    argument: str = "fmap") -> None:
-    """Raise ArgumentError unless ``fmap`` is for a tensor of ``shape`` stored in ``fmt``."""
+    """Raise ArgumentError unless ``fmap`` is for a tensor of ``shape`` stored in ``fmt``
+    (for a block format: its codes, and every plane in ``fmap.planes`` a plane of ``fmt``
+    with that plane's shape and bits)."""
+    _check_plane_fits(fmap, shape, fmt, argument)
+    formats = plane_formats(fmt)
+    if fmap.planes:
+        allowed = tuple(p for p in formats if p != CODES)
+        shapes = fmt.plane_shapes(shape) if isinstance(fmt, BlockFormat) else {}
+        for plane, pmap in fmap.planes.items():
+            if plane not in allowed:
+                raise ArgumentError(f"{argument}.planes", plane, f"one of {allowed}",
+                                    requirement=f"{argument} {fmap.name!r} has a map of plane "
+                                                f"{plane!r}; {type(fmt).__name__} stores "
+                                                f"the planes {tuple(formats)}")
+            _check_plane_fits(pmap, shapes[plane], formats[plane], f"{argument}.planes[{plane!r}]")
+
+
+def _check_plane_fits(fmap: FaultMap, shape: tuple[int, ...], fmt: Format,
+                      argument: str) -> None:
     if not isinstance(fmap, FaultMap):
         raise ArgumentTypeError(argument, fmap, "a bitfault.FaultMap",
                                 tail=f", got {type(fmap).__name__}")
@@ -93,15 +122,25 @@ def check_map_fits(fmap: FaultMap, shape: tuple[int, ...], fmt: Format,
                                         f"of {type(fmt).__name__}")
 
 
+def plane_faults(fmap: FaultMap, fmt: Format, fault: FaultModel, plane: str = CODES,
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """The flat indices into ``plane`` of the words ``fmap`` faults with a bit ``fault`` may
+    touch, and those bits (uint32); the map is taken to fit (``check_map_fits``)."""
+    pmap = fmap.plane(plane)
+    if pmap is None:
+        return np.zeros(0, np.int64), np.zeros(0, np.uint32)
+    masks = pmap.masks & np.uint32(fault.eligible_mask(fmt, plane))
+    keep = masks != 0
+    return pmap.indices[keep], masks[keep]
+
+
 def eligible_faults(fmap: FaultMap, shape: tuple[int, ...], fmt: Format, fault: FaultModel,
-                    ) -> tuple[np.ndarray, np.ndarray]:
-    """The flat indices of ``fmap``'s elements with a bit ``fault`` may touch, and those bits
-    (uint32); checks the fault model and that the map fits ``shape`` in ``fmt``."""
+                    plane: str = CODES) -> tuple[np.ndarray, np.ndarray]:
+    """``plane_faults`` after checking the fault model and that the map fits ``shape`` in
+    ``fmt``."""
     check_fault_model(fault)
     check_map_fits(fmap, shape, fmt)
-    masks = fmap.masks & np.uint32(fault.eligible_mask(fmt))
-    keep = masks != 0
-    return fmap.indices[keep], masks[keep]
+    return plane_faults(fmap, fmt, fault, plane)
 
 
 def masks_as_words(masks: np.ndarray, container: np.dtype) -> np.ndarray:
@@ -127,9 +166,11 @@ class StoredArray:
 
     @classmethod
     def of(cls, x: Any, fmt: Format) -> StoredArray:
+        """``x`` stored in ``fmt`` (a ``StoredBlocks`` for a block format)."""
         arr = check_float_input(x)
-        if not is_format(fmt):
-            raise ArgumentTypeError("fmt", fmt, "a bitfault format (FixedPoint, IntQuant, Float)")
+        check_format(fmt, "fmt")
+        if isinstance(fmt, BlockFormat):
+            return StoredBlocks.of(arr, fmt)  # type: ignore[return-value]
         params: QuantParams | None = fmt.calibrate(arr)  # type: ignore[attr-defined]
         words = fmt.encode(arr, params).reshape(-1)
         values = fmt.decode(words.reshape(arr.shape), params, dtype=arr.dtype).reshape(-1)
@@ -158,5 +199,93 @@ class StoredArray:
         return out.reshape(self.shape)
 
 
-__all__ = ["Memory", "StoredArray", "check_format", "check_map_fits", "eligible_faults",
-           "masks_as_words"]
+@dataclass(frozen=True, eq=False)
+class StoredBlocks:
+    """An array stored in a block format once (``StoredArray.of`` makes it): the planes in
+    block form, and which block every element and every plane word belongs to, so a map
+    costs the blocks it touches: a faulty code re-decodes its block, a faulty scale (or
+    minimum) word every element of its block, a faulty tensor scale the whole tensor."""
+
+    fmt: BlockFormat
+    shape: tuple[int, ...]
+    values: np.ndarray
+    blocks: dict[str, np.ndarray]  # block form, int64 bit patterns (encode_blocks' output)
+    element_block: np.ndarray  # flat element -> its block
+    element_slot: np.ndarray  # flat element -> its place in the block
+    block_elements: np.ndarray  # (n_blocks, k): flat element of each slot, -1 for padding
+    plane_block: dict[str, np.ndarray]  # per block plane: flat word -> its block
+
+    @classmethod
+    def of(cls, x: Any, fmt: BlockFormat) -> StoredBlocks:
+        arr = check_float_input(x)
+        lay = fmt.layout(arr.shape)
+        planes = fmt.encode(arr)
+        values = fmt.decode(planes, dtype=arr.dtype).reshape(-1)
+        blocks = fmt.to_block_form(lay, planes)
+        elements = lay.to_blocks(np.arange(arr.size, dtype=np.int64).reshape(arr.shape), -1)
+        valid = elements >= 0
+        element_block = np.empty(arr.size, np.int64)
+        element_slot = np.empty(arr.size, np.int64)
+        rows, slots = np.nonzero(valid)
+        element_block[elements[valid]] = rows
+        element_slot[elements[valid]] = slots
+        plane_block = {p.name: lay.block_of_plane_index() for p in fmt.planes if p.per == "block"}
+        for a in (values, element_block, element_slot, elements, *blocks.values()):
+            a.flags.writeable = False
+        return cls(fmt, arr.shape, values, blocks, element_block, element_slot, elements,
+                   plane_block)
+
+    def faulty_elements(self, fault: FaultModel,
+                        fmap: FaultMap) -> tuple[np.ndarray, np.ndarray]:
+        """Sorted flat indices of the elements whose block ``fmap`` faults (bits ``fault``
+        may touch) and their faulty values; every other element keeps ``values``."""
+        check_fault_model(fault)
+        check_map_fits(fmap, self.shape, self.fmt)
+        hit: list[np.ndarray] = []
+        faults: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        for plane in self.fmt.planes:
+            idx, masks = plane_faults(fmap, self.fmt, fault, plane.name)
+            if not idx.size:
+                continue
+            faults[plane.name] = (idx, masks)
+            if plane.per == "element":
+                hit.append(self.element_block[idx])
+            elif plane.per == "block":
+                hit.append(self.plane_block[plane.name][idx])
+            else:
+                hit.append(np.arange(self.block_elements.shape[0]))
+        if not hit:
+            return np.zeros(0, np.int64), np.zeros(0, self.values.dtype)
+        blocks = np.unique(np.concatenate(hit))
+        sub = {}
+        for plane in self.fmt.planes:
+            words = self.blocks[plane.name]
+            words = words.copy() if plane.per == "tensor" else words[blocks]
+            if plane.name in faults:
+                idx, masks = faults[plane.name]
+                if plane.per == "element":
+                    where = (np.searchsorted(blocks, self.element_block[idx]),
+                             self.element_slot[idx])
+                elif plane.per == "block":
+                    where = (np.searchsorted(blocks, self.plane_block[plane.name][idx]),)
+                else:
+                    where = ()
+                words[where] = fault.apply(words[where], masks.astype(np.int64))
+            sub[plane.name] = words
+        decoded = self.fmt.decode_blocks(sub)
+        elements = self.block_elements[blocks]
+        valid = elements >= 0
+        order = np.argsort(elements[valid], kind="stable")
+        values = cast_quietly(decoded[valid], self.values.dtype)
+        return elements[valid][order], values[order]
+
+    def faulty(self, fault: FaultModel, fmap: FaultMap) -> np.ndarray:
+        """``inject(x, fmt, fault, fmap)`` of the stored ``x``, bit for bit."""
+        idx, faulty = self.faulty_elements(fault, fmap)
+        out = self.values.copy()
+        out[idx] = faulty
+        return out.reshape(self.shape)
+
+
+__all__ = ["Memory", "StoredArray", "StoredBlocks", "check_format", "check_map_fits",
+           "eligible_faults", "masks_as_words", "plane_faults"]

@@ -30,9 +30,10 @@ import numpy as np
 
 from bitfault.errors import ArgumentError, ArgumentTypeError, check_choice, check_rate, check_seed
 from bitfault.faults import BitFlip, FaultModel
-from bitfault.formats import FixedPoint, Format
+from bitfault.formats import FixedPoint, Format, plane_formats, plane_map_name
+from bitfault.formats.blocks import CODES
 from bitfault.maps import FaultMap
-from bitfault.memory import Memory
+from bitfault.memory import Memory, check_map_fits
 from bitfault.targets import Targets
 
 TARGETS = ("weights", "biases", "activations")
@@ -122,23 +123,30 @@ class Source:
         """Raise unless the rate fits ``memory`` (one rate per bit of its format, bit names
         of its format, within the fault model's eligible bits)."""
         if self.ber is not None:
-            FaultMap.random((1,), memory.format, ber=self.ber, bits=memory.fault.bits)
+            axis = getattr(memory.format, "axis", 0)  # a block format's axis must exist
+            shape = (1,) * (axis + 1 if axis >= 0 else -axis)
+            FaultMap.random(shape, memory.format, ber=self.ber, bits=memory.fault.bits)
 
     def map_for(self, name: str, shape: tuple[int, ...], memory: Memory,
                 step: int | None = None) -> FaultMap:
         """The fault map of tensor ``name`` stored in ``memory``; ``step`` None: permanent.
 
-        With explicit maps, a tensor without an entry gets an empty map.
+        With explicit maps, a tensor without an entry gets an empty map; a block-format
+        tensor's other planes come from the entries named ``"<name>:<plane>"``.
         """
         if self.maps is not None:
-            fmap = self.maps.get(name)
-            if fmap is None:
-                return FaultMap.empty(shape, name)
+            fmap = self.maps.get(name) or FaultMap.empty(shape, name)
             if tuple(fmap.shape) != tuple(shape):
                 raise ArgumentError(f"maps[{name!r}]", fmap, f"a map for shape {tuple(shape)}",
                                     requirement=f"maps[{name!r}] is for shape "
                                                 f"{tuple(fmap.shape)}, the tensor has shape "
                                                 f"{tuple(shape)}")
+            planes = {p: m for p in plane_formats(memory.format) if p != CODES
+                      and (m := self.maps.get(plane_map_name(name, p))) is not None}
+            if planes:  # a block format's other planes, by their own names ("w:scale")
+                fmap = FaultMap(fmap.shape, fmap.indices, fmap.masks, fmap.name, fmap.meta,
+                                {**fmap.planes, **planes})
+                check_map_fits(fmap, tuple(shape), memory.format, f"maps[{name!r}]")
             return fmap
         return FaultMap.random(shape, memory.format, ber=self.ber, count=self.count,
                                seed=self.seed, name=name, bits=memory.fault.bits, step=step,

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 
@@ -66,14 +66,15 @@ class Plane:
 
 
 @dataclass(frozen=True)
-class IntCodes(FormatBase, kind="int_codes"):
+class IntCodes(FormatBase):
     """Raw ``bits``-bit integers: two's complement when ``signed``, else unsigned.
 
     Encoding rounds to nearest (ties to even) and saturates at the ends of the range; a
     word decodes to its integer value. The word format of integer planes (GGUF and
-    group-wise codes, zero points).
+    group-wise codes, zero points); not a tensor format of its own (not registered).
     """
 
+    kind: ClassVar[str] = "int_codes"
     bits: int = 8
     signed: bool = True
 
@@ -294,8 +295,11 @@ class BlockFormat(FormatBase):
                                        p.format.bits)
         return out
 
-    def _to_block_form(self, lay: BlockLayout, planes: Mapping[str, np.ndarray]
-                       ) -> dict[str, np.ndarray]:
+    def to_block_form(self, lay: BlockLayout, planes: Mapping[str, np.ndarray]
+                      ) -> dict[str, np.ndarray]:
+        """Planes in tensor form (words in containers) -> block form (int64 bit patterns:
+        codes ``(n, k)`` with the padding as code 0, block planes ``(n,)``, tensor ``()``),
+        what ``decode_blocks`` takes."""
         out = {}
         for p in self.planes:
             v = low_bits_unsigned(planes[p.name], p.format.bits)
@@ -334,7 +338,7 @@ class BlockFormat(FormatBase):
             raise ArgumentError("words", sorted(words), f"the planes {self.plane_names}",
                                 requirement=f"missing plane(s) {missing}")
         lay = self.layout(np.shape(words[CODES]))
-        values = self.decode_blocks(self._to_block_form(lay, words))
+        values = self.decode_blocks(self.to_block_form(lay, words))
         return cast_quietly(lay.from_blocks(values), dtype)
 
 

@@ -19,7 +19,14 @@ import numpy as np
 
 from bitfault.errors import ArgumentError, check_rate, check_seed
 from bitfault.faults import BitSelection, resolve_bits
-from bitfault.formats import Format, is_format
+from bitfault.formats import (
+    Format,
+    is_block_format,
+    is_format,
+    plane_map_name,
+    split_by_plane,
+)
+from bitfault.formats.blocks import CODES
 from bitfault.maps.files import read_map_file, write_map_file
 from bitfault.maps.sampling import count_faults, rate_faults
 
@@ -68,7 +75,10 @@ class FaultMap:
     """Faulty bits of one tensor: sorted flat ``indices`` and a uint32 ``masks`` entry each.
 
     ``meta`` records where the map came from (source, format, fault model, seed,
-    rate or count, bit positions, step) and travels with ``save``/``load``.
+    rate or count, bit positions, step) and travels with ``save``/``load``. For a tensor
+    in a block format the map is that of its codes plane, and ``planes`` holds the maps
+    of its other planes by plane name (``"scale"``: a map named ``"<name>:scale"`` of the
+    scale plane's shape); a plane without an entry has no fault.
     """
 
     shape: tuple[int, ...]
@@ -76,6 +86,7 @@ class FaultMap:
     masks: np.ndarray
     name: str = ""
     meta: dict[str, Any] = field(default_factory=dict)
+    planes: Mapping[str, FaultMap] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", _shape_tuple(self.shape))
@@ -99,19 +110,24 @@ class FaultMap:
         masks.flags.writeable = False
         object.__setattr__(self, "indices", idx)
         object.__setattr__(self, "masks", masks)
+        if not isinstance(self.planes, Mapping) or not all(
+                isinstance(k, str) and isinstance(v, FaultMap) for k, v in self.planes.items()):
+            raise TypeError(f"planes must map plane names to FaultMaps, got {self.planes!r}")
+        object.__setattr__(self, "planes", dict(self.planes))
 
     # ---- constructors -------------------------------------------------------------------
 
     @classmethod
     def _checked(cls, shape: tuple[int, ...], indices: np.ndarray, masks: np.ndarray,
-                 name: str, meta: dict[str, Any]) -> FaultMap:
+                 name: str, meta: dict[str, Any],
+                 planes: Mapping[str, FaultMap] | None = None) -> FaultMap:
         """A map from arrays this module built: sorted distinct int64 ``indices`` in range
         and uint32 ``masks`` (validating them again costs more than drawing a small map)."""
         fmap = object.__new__(cls)
         indices.flags.writeable = False
         masks.flags.writeable = False
         for key, value in (("shape", shape), ("indices", indices), ("masks", masks),
-                           ("name", name), ("meta", meta)):
+                           ("name", name), ("meta", meta), ("planes", dict(planes or {}))):
             object.__setattr__(fmap, key, value)
         return fmap
 
@@ -175,6 +191,9 @@ class FaultMap:
         if (ber is None) == (count is None):
             raise ValueError("give exactly one of ber= (a bit error rate) or count= (a number "
                              "of faulty bits)")
+        if is_block_format(fmt):
+            return cls._random_planes(dims, fmt, ber=ber, count=count, seed=seed, name=name,
+                                      bits=bits, step=step, fault=fault)
         positions = resolve_bits(bits, fmt)
         n = math.prod(dims)
         meta: dict[str, Any] = {"source": "random", "format": fmt.to_dict(), "seed": seed,
@@ -191,6 +210,40 @@ class FaultMap:
             meta["count"] = int(count)  # type: ignore[arg-type]
         return cls._checked(dims, idx, masks.astype(np.uint32, copy=False), name, meta)
 
+    @classmethod
+    def _random_planes(cls, dims: tuple[int, ...], fmt: Any, *, ber: Any, count: int | None,
+                       seed: int, name: str, bits: BitSelection, step: int | None,
+                       fault: Any) -> FaultMap:
+        """The map of a block-format tensor: each plane drawn as a map of its own, named
+        ``plane_map_name(name, plane)``, with its part of ``bits`` and of ``ber`` (a rate
+        mapping may name planes: ``{"codes": 1e-3, "scale": 1e-5}``); ``count`` faulty
+        bits in each selected plane. The codes map carries the others in ``planes``."""
+        if isinstance(ber, (Sequence, np.ndarray)) and not isinstance(ber, (str, Mapping)):
+            raise ArgumentError("ber", ber, "one rate or a mapping by plane / field",
+                                requirement=f"ber for the block format {type(fmt).__name__} "
+                                            "is one rate or a mapping such as {'codes': 1e-3, "
+                                            "'scale': 1e-5, 'scale.exponent': 1e-4}")
+        selected = split_by_plane(bits, fmt)
+        rates = split_by_plane(ber, fmt, "ber") if isinstance(ber, Mapping) else None
+        shapes = fmt.plane_shapes(dims)
+        maps: dict[str, FaultMap] = {}
+        for plane in fmt.planes:
+            pname, pshape = plane_map_name(name, plane.name), shapes[plane.name]
+            rate = ber if rates is None else rates.get(plane.name)
+            if plane.name not in selected or (ber is not None and rate is None):
+                maps[plane.name] = cls.empty(pshape, pname)
+                continue
+            maps[plane.name] = cls.random(pshape, plane.format, ber=rate, count=count,
+                                          seed=seed, name=pname, bits=selected[plane.name],
+                                          step=step, fault=fault)
+        codes = maps.pop(CODES)
+        meta = {**codes.meta, "format": fmt.to_dict()}
+        return cls._checked(dims, codes.indices, codes.masks, name, meta, maps)
+
+    def plane(self, name: str) -> FaultMap | None:
+        """The map of plane ``name`` (``"codes"``: this map itself), None when absent."""
+        return self if name == CODES else self.planes.get(name)
+
     # ---- views --------------------------------------------------------------------------
 
     @property
@@ -200,8 +253,8 @@ class FaultMap:
 
     @property
     def n_faults(self) -> int:
-        """Faulty bits in the map."""
-        return int(popcount(self.masks).sum())
+        """Faulty bits in the map, in every plane."""
+        return int(popcount(self.masks).sum()) + sum(m.n_faults for m in self.planes.values())
 
     @property
     def n_elements(self) -> int:
@@ -223,10 +276,12 @@ class FaultMap:
         return out.view(dt).reshape(self.shape)
 
     def restricted(self, bits: int) -> FaultMap:
-        """The same map with only the faults whose positions are set in mask ``bits``."""
+        """The same map with only the faults whose positions are set in mask ``bits`` (in
+        the codes plane; the other planes as they are)."""
         masks = self.masks & np.uint32(bits)
         keep = masks != 0
-        return FaultMap(self.shape, self.indices[keep], masks[keep], self.name, dict(self.meta))
+        return FaultMap(self.shape, self.indices[keep], masks[keep], self.name, dict(self.meta),
+                        self.planes)
 
     def digest(self) -> str:
         """SHA-256 of shape, indices and masks: the faults (the chip), what campaigns record
@@ -237,6 +292,8 @@ class FaultMap:
             h = hashlib.sha256(json.dumps(list(self.shape)).encode())
             h.update(self.indices.tobytes())
             h.update(self.masks.tobytes())
+            for plane in sorted(self.planes):
+                h.update(f"{plane}:{self.planes[plane].digest()}".encode())
             found = self.__dict__["_digest"] = h.hexdigest()
         return found
 
@@ -245,29 +302,36 @@ class FaultMap:
             return NotImplemented
         return (self.shape == other.shape and self.name == other.name
                 and np.array_equal(self.indices, other.indices)
-                and np.array_equal(self.masks, other.masks))
+                and np.array_equal(self.masks, other.masks) and self.planes == other.planes)
 
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
+        planes = f", planes={sorted(self.planes)}" if self.planes else ""
         return (f"FaultMap(name={self.name!r}, shape={self.shape}, faults={self.n_faults}, "
-                f"elements={self.n_elements}, meta={self.meta})")
+                f"elements={self.n_elements}{planes}, meta={self.meta})")
 
     # ---- files ----------------------------------------------------------------------------
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the map to an ``.npz`` file with its provenance and a checksum over all of
         it (name, shape, meta, faults), through a temporary file renamed into place."""
+        planes = {p: (m.name, m.shape, m.meta, m.indices, m.masks)
+                  for p, m in self.planes.items()}
         write_map_file(path, name=self.name, shape=self.shape, meta=self.meta,
-                       digest=self.digest(), indices=self.indices, masks=self.masks)
+                       digest=self.digest(), indices=self.indices, masks=self.masks,
+                       planes=planes)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], *, shape: Any = None,
              name: str | None = None) -> FaultMap:
         """Read a map written by ``save``; ``shape``/``name`` check it fits its tensor."""
-        header, indices, masks = read_map_file(path)
+        header, indices, masks, arrays = read_map_file(path)
         try:
-            fmap = cls(tuple(header["shape"]), indices, masks, header["name"], header["meta"])
+            planes = {p: cls(tuple(h["shape"]), *arrays[p], h["name"], h["meta"])
+                      for p, h in (header.get("planes") or {}).items()}
+            fmap = cls(tuple(header["shape"]), indices, masks, header["name"], header["meta"],
+                       planes)
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"{os.fspath(path)}: corrupted fault map ({exc})") from None
         if fmap.digest() != header.get("digest"):

@@ -28,30 +28,44 @@ def header_checksum(header: Mapping[str, Any]) -> str:
 
 def write_map_file(path: str | os.PathLike[str], *, name: str, shape: tuple[int, ...],
                    meta: Mapping[str, Any], digest: str, indices: np.ndarray,
-                   masks: np.ndarray) -> None:
-    """Write a map file (the current version, with its checksum) through a temporary file."""
+                   masks: np.ndarray, planes: Mapping[str, Any] | None = None) -> None:
+    """Write a map file (the current version, with its checksum) through a temporary file.
+
+    ``planes``: a block-format tensor's other planes, ``{plane: (name, shape, meta,
+    indices, masks)}``, kept in the header (name, shape, meta) and as arrays
+    ``<plane>.indices`` / ``<plane>.masks``."""
     header = {"version": MAP_FILE_VERSION, "name": name, "shape": list(shape),
               "meta": meta, "digest": digest}
+    arrays: dict[str, np.ndarray] = {}
+    if planes:
+        header["planes"] = {}
+        for plane, (pname, pshape, pmeta, pidx, pmasks) in planes.items():
+            header["planes"][plane] = {"name": pname, "shape": list(pshape), "meta": pmeta}
+            arrays[f"{plane}.indices"], arrays[f"{plane}.masks"] = pidx, pmasks
     header["checksum"] = header_checksum(header)
     path = os.fspath(path)
     tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as fh:
             np.savez_compressed(fh, header=np.array(json.dumps(header)),
-                                indices=indices, masks=masks)
+                                indices=indices, masks=masks, **arrays)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
 
 
-def read_map_file(path: str | os.PathLike[str]) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
-    """The header, indices and masks of a map file, its version and header checksum checked
-    (a ValueError naming the file otherwise; FileNotFoundError as is)."""
+def read_map_file(path: str | os.PathLike[str]
+                  ) -> tuple[dict[str, Any], np.ndarray, np.ndarray, dict[str, Any]]:
+    """The header, indices, masks and other planes' arrays (``{plane: (indices, masks)}``)
+    of a map file, its version and header checksum checked (a ValueError naming the file
+    otherwise; FileNotFoundError as is)."""
     try:
         with open(path, "rb") as fh, np.load(fh, allow_pickle=False) as data:
             header = json.loads(str(data["header"]))
             indices, masks = data["indices"], data["masks"]
+            planes = {p: (data[f"{p}.indices"], data[f"{p}.masks"])
+                      for p in (header.get("planes") or {} if isinstance(header, dict) else {})}
     except FileNotFoundError:
         raise
     except Exception as exc:  # zipfile, KeyError, JSON, ...
@@ -64,7 +78,7 @@ def read_map_file(path: str | os.PathLike[str]) -> tuple[dict[str, Any], np.ndar
     if header["version"] >= 2 and header.get("checksum") != header_checksum(header):
         raise ValueError(f"{os.fspath(path)}: corrupted fault map (its header's checksum "
                          "does not match: the name, shape or metadata were changed)")
-    return header, indices, masks
+    return header, indices, masks, planes
 
 
 __all__ = ["MAP_FILE_VERSION", "header_checksum", "read_map_file", "write_map_file"]

@@ -1,0 +1,182 @@
+"""Faults in every plane of a block-format tensor: maps, inject, StoredArray, files.
+
+The machinery is tested on a small block format defined here (int8 codes sharing one
+float16 scale per block of 4), so a failure points at the planes, not at a format's
+arithmetic (each format has its own tests).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+import bitfault as bf
+from bitfault.errors import ArgumentError
+from bitfault.formats import BlockFormat, Float, IntCodes, Plane, plane_map_name, split_by_plane
+from bitfault.memory import Memory, StoredArray
+
+
+@dataclass(frozen=True)
+class Toy(BlockFormat):
+    """int8 codes, one float16 scale (amax / 127) per block of 4 along ``axis``."""
+
+    axis: int = -1
+
+    @property
+    def block_size(self) -> int:
+        return 4
+
+    @property
+    def planes(self) -> tuple[Plane, ...]:
+        return (Plane("codes", IntCodes(8), "element"), Plane("scale", Float("float16"), "block"))
+
+    def encode_blocks(self, blocks: np.ndarray) -> dict[str, np.ndarray]:
+        scale = (np.abs(blocks).max(axis=1) / 127).astype(np.float16)
+        s = scale.astype(np.float32)
+        q = np.rint(blocks / np.where(s == 0, 1, s)[:, None]).clip(-127, 127).astype(np.int64)
+        return {"codes": q & 0xFF, "scale": scale.view(np.uint16).astype(np.int64)}
+
+    def decode_blocks(self, planes: dict[str, np.ndarray]) -> np.ndarray:
+        s = planes["scale"].astype(np.uint16).view(np.float16).astype(np.float32)
+        q = IntCodes(8).integers(planes["codes"])
+        return (q * s[..., None]).astype(np.float32)
+
+
+def _reference(x: np.ndarray, fmt: Toy, codes_flip: dict, scale_flip: dict) -> np.ndarray:
+    """The faulty tensor computed block by block, from scratch, with Python ints."""
+    moved = np.moveaxis(x, fmt.axis, -1)
+    out = np.empty_like(moved)
+    n = moved.shape[-1]
+    scale_shape = fmt.plane_shapes(x.shape)["scale"]
+    for lead in np.ndindex(moved.shape[:-1]):
+        for b in range(-(-n // 4)):
+            idx = list(range(4 * b, min(n, 4 * b + 4)))
+            vals = moved[lead][idx]
+            scale = np.float16(np.abs(vals).max() / np.float32(127))
+            full = list(lead)
+            full.insert(fmt.axis % x.ndim, b)
+            sidx = np.ravel_multi_index(tuple(full), scale_shape)
+            sbits = int(scale.view(np.uint16)) ^ scale_flip.get(int(sidx), 0)
+            s = np.float32(np.uint16(sbits).view(np.float16))
+            clean = np.float32(scale) if scale != 0 else np.float32(1)
+            for j, v in zip(idx, vals, strict=True):
+                q = int(np.clip(np.rint(v / clean), -127, 127))  # codes: from the clean scale
+                full = list(lead)
+                full.insert(fmt.axis % x.ndim, j)
+                eidx = int(np.ravel_multi_index(tuple(full), x.shape))
+                q = ((q & 0xFF) ^ codes_flip.get(eidx, 0))
+                q = q - 256 if q >= 128 else q
+                out[(*lead, j)] = np.float32(q) * s
+    return np.moveaxis(out, -1, fmt.axis)
+
+
+@pytest.mark.parametrize("axis", [-1, 0, 1])
+def test_a_flipped_scale_bit_changes_exactly_its_block(axis):
+    x = np.random.default_rng(axis + 5).normal(size=(3, 6, 5)).astype(np.float32)
+    fmt = Toy(axis=axis)
+    shapes = fmt.plane_shapes(x.shape)
+    clean = bf.inject(x, fmt, bf.BitFlip(), bf.FaultMap.empty(x.shape, "w"))
+    word = 4
+    scale_map = bf.FaultMap(shapes["scale"], [word], [1 << 14], "w:scale")
+    fmap = bf.FaultMap(x.shape, [], np.zeros(0, np.uint32), "w", planes={"scale": scale_map})
+    faulty = bf.inject(x, fmt, bf.BitFlip(), fmap)
+    changed = np.flatnonzero(faulty.reshape(-1) != clean.reshape(-1))
+    lay = fmt.layout(x.shape)
+    block = lay.block_of_plane_index()[word]
+    expected = np.flatnonzero(lay.block_of_elements() == block)
+    assert set(changed) <= set(expected) and len(changed) >= len(expected) - 1
+    np.testing.assert_array_equal(faulty, _reference(x, fmt, {}, {word: 1 << 14}))
+
+
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_inject_and_stored_array_match_the_reference_on_random_plane_maps(axis):
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(4, 9)).astype(np.float32)
+    fmt = Toy(axis=axis)
+    stored = StoredArray.of(x, fmt)
+    for seed in range(6):
+        fmap = bf.FaultMap.random(x.shape, fmt, ber=0.05, seed=seed, name="w")
+        codes = dict(zip(fmap.indices.tolist(), fmap.masks.tolist(), strict=True))
+        scale = fmap.planes["scale"]
+        scales = dict(zip(scale.indices.tolist(), scale.masks.tolist(), strict=True))
+        want = _reference(x, fmt, codes, scales)
+        np.testing.assert_array_equal(bf.inject(x, fmt, bf.BitFlip(), fmap), want)
+        np.testing.assert_array_equal(stored.faulty(bf.BitFlip(), fmap), want)
+        for fault in (bf.StuckAt(0), bf.StuckAt(1), bf.BitFlip(bits="scale.exponent")):
+            np.testing.assert_array_equal(stored.faulty(fault, fmap),
+                                          bf.inject(x, fmt, fault, fmap))
+
+
+def test_plane_maps_are_named_reproducible_nested_and_selectable():
+    fmt = Toy()
+    shape = (8, 10)
+    a = bf.FaultMap.random(shape, fmt, ber=0.02, seed=4, name="fc1.weight")
+    assert a == bf.FaultMap.random(shape, fmt, ber=0.02, seed=4, name="fc1.weight")
+    assert a.planes["scale"].name == plane_map_name("fc1.weight", "scale") == "fc1.weight:scale"
+    assert a.planes["scale"].shape == (8, 3)
+    big = bf.FaultMap.random(shape, fmt, ber=0.2, seed=4, name="fc1.weight")
+    for small, large in ((a, big), (a.planes["scale"], big.planes["scale"])):
+        dense_s, dense_l = small.to_dense(), large.to_dense()
+        assert np.all(dense_s & dense_l == dense_s)  # nested
+    assert big.n_faults > a.n_faults > 0
+    only_scale = bf.FaultMap.random(shape, fmt, ber=0.2, seed=4, name="fc1.weight", bits="scale")
+    assert only_scale.n_elements == 0 and only_scale.planes["scale"] == big.planes["scale"]
+    only_codes = bf.FaultMap.random(shape, fmt, ber=0.2, seed=4, name="fc1.weight",
+                                    bits=["sign", "magnitude"])
+    assert only_codes.planes["scale"].n_faults == 0
+    assert np.array_equal(only_codes.indices, big.indices)
+    per_plane = bf.FaultMap.random(shape, fmt, ber={"codes": 0.2, "scale": 0.0}, seed=4,
+                                   name="fc1.weight")
+    assert np.array_equal(per_plane.masks, big.masks) and per_plane.planes["scale"].n_faults == 0
+    exp = bf.FaultMap.random(shape, fmt, ber={"scale.exponent": 0.5}, seed=1, name="w")
+    assert exp.n_elements == 0
+    assert int(np.bitwise_or.reduce(exp.planes["scale"].masks)) & ~0x7C00 == 0
+
+
+def test_plane_maps_survive_files(tmp_path):
+    fmap = bf.FaultMap.random((5, 7), Toy(), ber=0.1, seed=2, name="w")
+    fmap.save(tmp_path / "w.npz")
+    back = bf.FaultMap.load(tmp_path / "w.npz")
+    assert back == fmap and back.digest() == fmap.digest()
+    assert back.planes["scale"].name == "w:scale"
+
+
+def test_split_by_plane_and_bad_plane_selections():
+    fmt = Toy()
+    assert split_by_plane(None, fmt) == {"codes": None, "scale": None}
+    assert split_by_plane(["sign", "scale.exponent"], fmt) == {"codes": ["sign"],
+                                                               "scale": ["exponent"]}
+    assert split_by_plane({"scale": 1e-3}, fmt) == {"scale": {"all": 1e-3}}
+    with pytest.raises(ArgumentError, match="names no plane"):
+        Memory(fmt, bf.BitFlip(bits="min.exponent"))
+    with pytest.raises(ArgumentError, match="unknown bit field"):
+        Memory(fmt, bf.BitFlip(bits="scale.fraction"))
+    with pytest.raises(ArgumentError, match="one rate or a mapping"):
+        bf.FaultMap.random((4, 4), fmt, ber=[0.1] * 8, name="w")
+    wrong = bf.FaultMap.empty((4, 4), "w")
+    bad = bf.FaultMap((4, 4), [], np.zeros(0, np.uint32), "w",
+                      planes={"min": bf.FaultMap.empty((4, 1), "w:min")})
+    with pytest.raises(ArgumentError, match="stores the planes"):
+        bf.inject(np.zeros((4, 4), np.float32), fmt, bf.BitFlip(), bad)
+    bad = bf.FaultMap((4, 4), [], np.zeros(0, np.uint32), "w",
+                      planes={"scale": bf.FaultMap.empty((4, 2), "w:scale")})
+    with pytest.raises(ArgumentError, match="is for shape"):
+        bf.inject(np.zeros((4, 4), np.float32), fmt, bf.BitFlip(), bad)
+    with pytest.raises(ArgumentError, match="axis"):
+        bf.inject(np.zeros((4, 4), np.float32), Toy(axis=2), bf.BitFlip(), wrong)
+
+
+def test_a_spec_gives_every_plane_its_map_and_its_rate():
+    fmt = Toy(axis=0)
+    spec = bf.FaultSpec(format=fmt, ber={"codes": 0.0, "scale": 0.3}, seed=1)
+    fmap = spec.map_for("fc.weight", (8, 3))
+    assert fmap.n_elements == 0 and fmap.planes["scale"].n_faults > 0
+    assert fmap.planes["scale"].shape == (2, 3) and fmap.planes["scale"].name == "fc.weight:scale"
+    scale = bf.FaultMap((2, 3), [1], [1], "fc.weight:scale")
+    explicit = bf.FaultSpec(format=fmt, maps={"fc.weight:scale": scale}, seed=1)
+    got = explicit.map_for("fc.weight", (8, 3))
+    assert got.n_elements == 0 and got.planes["scale"] == scale
+    with pytest.raises(ArgumentError, match="is for shape"):
+        explicit.map_for("fc.weight", (9, 3))
