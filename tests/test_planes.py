@@ -7,41 +7,14 @@ arithmetic (each format has its own tests).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import pytest
 
 import bitfault as bf
 from bitfault.errors import ArgumentError
-from bitfault.formats import BlockFormat, Float, IntCodes, Plane, plane_map_name, split_by_plane
+from bitfault.formats import plane_map_name, split_by_plane
 from bitfault.memory import Memory, StoredArray
-
-
-@dataclass(frozen=True)
-class Toy(BlockFormat):
-    """int8 codes, one float16 scale (amax / 127) per block of 4 along ``axis``."""
-
-    axis: int = -1
-
-    @property
-    def block_size(self) -> int:
-        return 4
-
-    @property
-    def planes(self) -> tuple[Plane, ...]:
-        return (Plane("codes", IntCodes(8), "element"), Plane("scale", Float("float16"), "block"))
-
-    def encode_blocks(self, blocks: np.ndarray) -> dict[str, np.ndarray]:
-        scale = (np.abs(blocks).max(axis=1) / 127).astype(np.float16)
-        s = scale.astype(np.float32)
-        q = np.rint(blocks / np.where(s == 0, 1, s)[:, None]).clip(-127, 127).astype(np.int64)
-        return {"codes": q & 0xFF, "scale": scale.view(np.uint16).astype(np.int64)}
-
-    def decode_blocks(self, planes: dict[str, np.ndarray]) -> np.ndarray:
-        s = planes["scale"].astype(np.uint16).view(np.float16).astype(np.float32)
-        q = IntCodes(8).integers(planes["codes"])
-        return (q * s[..., None]).astype(np.float32)
+from blockfmt import Toy
 
 
 def _reference(x: np.ndarray, fmt: Toy, codes_flip: dict, scale_flip: dict) -> np.ndarray:
