@@ -53,6 +53,25 @@ def resolve_bits(bits: BitSelection, fmt: Format, argument: str = "bits") -> tup
     return tuple(sorted(positions))
 
 
+def resolve_plane_bits(bits: BitSelection, fmt: Format, argument: str = "bits"
+                       ) -> dict[str, tuple[int, ...]]:
+    """``resolve_bits`` for every plane of ``fmt`` the selection names (a plain format has
+    one, "codes"): ``{plane: positions}``; ``"scale.exponent"`` or ``"scale.7"`` select in
+    the scale plane (``formats.split_by_plane``)."""
+    formats = plane_formats(fmt)
+    parts = split_by_plane(bits, fmt, argument) if is_block_format(fmt) else {CODES: bits}
+    if not parts:
+        raise ArgumentError(argument, bits, f"bits of at least one plane of {tuple(formats)}")
+    return {plane: resolve_bits(sub, formats[plane], argument) for plane, sub in parts.items()}
+
+
+def bit_names(fmt: Format, positions: dict[str, tuple[int, ...]]) -> list[int | str]:
+    """Every bit of ``positions`` (``resolve_plane_bits``' result) as a bit sweep names it:
+    the codes' positions as ints, another plane's as ``"scale.7"``."""
+    return [p if plane == CODES else f"{plane}.{p}"
+            for plane in plane_formats(fmt) for p in positions.get(plane, ())]
+
+
 def positions_to_mask(positions: Sequence[int]) -> int:
     mask = 0
     for p in positions:
@@ -96,12 +115,7 @@ class _FaultBase:
     def eligible_planes(self, fmt: Format) -> dict[str, tuple[int, ...]]:
         """The eligible bit positions of every plane of ``fmt`` that ``bits`` selects
         (``"scale"``, ``"scale.exponent"``, ...; see ``formats.split_by_plane``)."""
-        formats = plane_formats(fmt)
-        parts = split_by_plane(self.bits, fmt)
-        if not parts:
-            raise ArgumentError("bits", self.bits, f"bits of at least one plane of "
-                                f"{tuple(formats)}")
-        return {plane: resolve_bits(sub, formats[plane]) for plane, sub in parts.items()}
+        return resolve_plane_bits(self.bits, fmt)
 
     def eligible_mask(self, fmt: Format, plane: str = CODES) -> int:
         """The mask of ``eligible_bits``."""
@@ -196,5 +210,5 @@ def fault_from_dict(data: dict[str, Any]) -> FaultModel:
     return StuckAt(rest["value"], bits=bits)
 
 
-__all__ = ["BitFlip", "FaultModel", "StuckAt", "as_fault_model", "check_fault_model",
-           "fault_from_dict", "resolve_bits"]
+__all__ = ["BitFlip", "FaultModel", "StuckAt", "as_fault_model", "bit_names",
+           "check_fault_model", "fault_from_dict", "resolve_bits", "resolve_plane_bits"]

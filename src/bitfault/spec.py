@@ -30,7 +30,7 @@ import numpy as np
 
 from bitfault.errors import ArgumentError, ArgumentTypeError, check_choice, check_rate, check_seed
 from bitfault.faults import BitFlip, FaultModel
-from bitfault.formats import FixedPoint, Format, plane_formats, plane_map_name
+from bitfault.formats import FixedPoint, Format, is_block_format, plane_formats, plane_map_name
 from bitfault.formats.blocks import CODES
 from bitfault.maps import FaultMap
 from bitfault.memory import Memory, check_map_fits
@@ -123,7 +123,7 @@ class Source:
         """Raise unless the rate fits ``memory`` (one rate per bit of its format, bit names
         of its format, within the fault model's eligible bits)."""
         if self.ber is not None:
-            axis = getattr(memory.format, "axis", 0)  # a block format's axis must exist
+            axis = memory.format.axis if is_block_format(memory.format) else 0  # must exist
             shape = (1,) * (axis + 1 if axis >= 0 else -axis)
             FaultMap.random(shape, memory.format, ber=self.ber, bits=memory.fault.bits)
 

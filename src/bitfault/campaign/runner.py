@@ -33,7 +33,7 @@ from bitfault.campaign.metrics import Metric, accuracy_metrics, call_metric
 from bitfault.campaign.stopping import StopWhenPrecise
 from bitfault.campaign.store import CampaignStore, TrialRecord
 from bitfault.errors import ArgumentTypeError
-from bitfault.faults import resolve_bits
+from bitfault.faults import resolve_plane_bits
 from bitfault.maps import FaultMap
 from bitfault.memory import Memory
 from bitfault.stats import metric_bounds, summarize
@@ -49,7 +49,7 @@ def _check_trial(trial: Trial, shapes: Mapping[str, tuple[int, ...]], memory: Me
     """A trial's tensor, bit (position or field of the format) and element exist."""
     _check_target(trial, shapes)
     if trial.kind == "bit":
-        resolve_bits((trial.bit,), memory.format, argument=f"trial {trial.key}: bit")
+        resolve_plane_bits((trial.bit,), memory.format, argument=f"trial {trial.key}: bit")
     elif trial.kind == "single":
         if trial.target is None:
             raise ValueError(f"trial {trial.key}: a single fault needs a target tensor")

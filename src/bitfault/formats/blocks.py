@@ -363,7 +363,7 @@ def _split_key(key: Any, fmt: Format, argument: str) -> tuple[str, Any]:
             raise ArgumentError(argument, key, f"'<plane>.<field>' with a plane of {names}",
                                 requirement=f"{argument}: {key!r} names no plane of "
                                             f"{type(fmt).__name__}; its planes: {names}")
-        return plane, field
+        return plane, int(field) if field.isdigit() else field  # "scale.7": bit 7 of a scale
     if isinstance(key, str) and key in names and len(names) > 1:
         return key, "all"
     return CODES, key
@@ -372,7 +372,8 @@ def _split_key(key: Any, fmt: Format, argument: str) -> tuple[str, Any]:
 def split_by_plane(selection: Any, fmt: Format, argument: str = "bits") -> dict[str, Any]:
     """A bit selection (or a rate mapping) split by plane: ``{plane: its part}``, only the
     planes it selects. None selects every bit of every plane; ``"scale"`` every bit of the
-    scale plane; ``"scale.exponent"`` a field of it; other entries the codes plane."""
+    scale plane; ``"scale.exponent"`` a field of it and ``"scale.7"`` its bit 7; other
+    entries the codes plane."""
     names = tuple(plane_formats(fmt))
     if selection is None:
         return dict.fromkeys(names)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bitfault.config import CampaignConfig
+from bitfault.faults import bit_names
 from bitfault.memory import Memory
 
 
@@ -26,8 +27,8 @@ def build_trials(c: CampaignConfig, memory: Memory, shapes: dict[str, Any]) -> l
     if c.layers:
         trials += layer_sweep(c.sweep_bers, c.sweep_chips, list(shapes), base_seed=c.seed)
     if c.bits:
-        trials += bit_sweep(c.sweep_bers, c.sweep_chips, memory.fault.eligible_bits(memory.format),
-                            base_seed=c.seed)
+        bits = bit_names(memory.format, memory.fault.eligible_planes(memory.format))
+        trials += bit_sweep(c.sweep_bers, c.sweep_chips, bits, base_seed=c.seed)
     return trials
 
 
