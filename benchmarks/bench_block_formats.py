@@ -1,12 +1,13 @@
-"""Encoding a large float32 tensor into the block formats vs the field's own library
-(issue 16), one list of cases: each times bitfault's encoder against the reference
-implementation on the same tensor, alternating, median of ``--repeats``, and asserts the
-stored bits identical.
+"""Encoding a large float32 tensor into block formats vs the reference libraries (issue 16).
 
-GGUF: ``GGUF(type).encode(x)`` (the planes) and ``to_bytes(encode(x))`` (llama.cpp's
-block bytes) against ``gguf.quants.quantize(x, Q8_0 | Q4_0 | Q4_1)`` (its bytes).
+Each case times bitfault's ``fmt.encode(x)`` (scale selection, rounding, the planes in
+their containers) against a baseline on the same tensor, alternating in one process,
+median of ``--repeats``. MX and NVFP4: the baseline is ml_dtypes' cast of the already
+scaled tensor ``(x / X).astype(ml_dtypes.<element>)`` (the element rounding alone, no
+scale selection); the codes are asserted identical to that cast where it saturates
+nowhere. Another case list (GGUF vs the gguf package) can join ``CASES``.
 
-    python benchmarks/bench_block_formats.py                # 25,000,000 elements
+    python benchmarks/bench_block_formats.py                 # 25,000,000 elements
     python benchmarks/bench_block_formats.py --size 1000000 --repeats 3
 """
 
@@ -17,38 +18,61 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
+import ml_dtypes
 import numpy as np
 
-from bitfault.formats.gguf import GGUF
+from bitfault.formats.mx import MX
+from bitfault.formats.nvfp4 import NVFP4
 
 
-@dataclass(frozen=True)
+@dataclass
 class Case:
-    """One comparison: ``same(ours(x), theirs(x))`` must hold (default: equal arrays)."""
+    """One format against its baseline: ``prepare(x)`` returns (ours, theirs, check)."""
 
     name: str
-    ours: Callable[[np.ndarray], Any]
-    theirs: Callable[[np.ndarray], Any]
-    same: Callable[[Any, Any], bool] = np.array_equal
+    prepare: Callable[[np.ndarray], tuple[Callable[[], object], Callable[[], object],
+                                          Callable[[], None]]]
 
 
-def gguf_cases() -> list[Case]:
-    from gguf import GGMLQuantizationType
-    from gguf.quants import quantize
+def mx_case(element: str) -> Case:
+    def prepare(x: np.ndarray):
+        fmt = MX(element)
+        planes = fmt.encode(x)
+        scale = np.exp2(planes["scale"].view(np.uint8).astype(np.float32) - 127)
+        scaled = (x.reshape(-1, 32) / scale.reshape(-1, 1)).astype(np.float32)
+        theirs = getattr(ml_dtypes, element)
 
-    cases = []
-    for t in ("q8_0", "q4_0", "q4_1"):
-        fmt, qt = GGUF(t), getattr(GGMLQuantizationType, t.upper())
-        cases.append(Case(f"gguf {t} bytes", lambda x, f=fmt: f.to_bytes(f.encode(x)),
-                          lambda x, q=qt: quantize(x, q)))
-        cases.append(Case(f"gguf {t} planes", fmt.encode, lambda x, q=qt: quantize(x, q),
-                          lambda planes, ref, f=fmt: np.array_equal(f.to_bytes(planes), ref)))
-    return cases
+        def check() -> None:
+            inside = np.abs(scaled) <= float(ml_dtypes.finfo(theirs).max)
+            ref = scaled.astype(theirs).view(np.uint8)
+            ours = planes["codes"].reshape(-1, 32).view(np.uint8)
+            assert np.array_equal(ours[inside], ref[inside]), f"MX {element}: codes differ"
+
+        return (lambda: fmt.encode(x)), (lambda: scaled.astype(theirs)), check
+    return Case(f"MX {element}", prepare)
 
 
-CASES: list[Callable[[], list[Case]]] = [gguf_cases]
+def nvfp4_case() -> Case:
+    def prepare(x: np.ndarray):
+        fmt = NVFP4()
+        planes = fmt.encode(x)
+        s = fmt.plane("scale").format.decode(planes["scale"]).reshape(-1, 1)
+        t = np.float32(planes["tensor_scale"].view(np.float32))
+        scaled = x.reshape(-1, 16) / (s * t)
+
+        def check() -> None:
+            inside = np.abs(scaled) <= 6.0
+            ref = scaled.astype(ml_dtypes.float4_e2m1fn).view(np.uint8)
+            ours = planes["codes"].reshape(-1, 16).view(np.uint8)
+            assert np.array_equal(ours[inside], ref[inside]), "NVFP4: codes differ"
+
+        return (lambda: fmt.encode(x)), (lambda: scaled.astype(ml_dtypes.float4_e2m1fn)), check
+    return Case("NVFP4", prepare)
+
+
+CASES = [mx_case(e) for e in ("float8_e4m3fn", "float8_e5m2", "float6_e2m3fn",
+                              "float6_e3m2fn", "float4_e2m1fn")] + [nvfp4_case()]
 
 
 def alternate(a, b, repeats: int) -> tuple[float, float]:
@@ -66,19 +90,16 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=25_000_000)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
-    cols = 8000  # a multiple of every block size (32, 16)
-    rows = max(1, args.size // cols)
-    x = np.random.default_rng(0).standard_normal((rows, cols)).astype(np.float32)
-    print(f"{x.size:,} float32 elements ({rows} x {cols}); ratio = bitfault time / "
-          f"reference time (median of {args.repeats}, alternating)")
-    print(f"{'case':22} {'bitfault s':>10} {'reference s':>11} {'ratio':>6}  bits")
-    for make in CASES:
-        for case in make():
-            assert case.same(case.ours(x), case.theirs(x)), f"{case.name}: bits differ"
-            ours, theirs = alternate(lambda c=case: c.ours(x), lambda c=case: c.theirs(x),
-                                     args.repeats)
-            print(f"{case.name:22} {ours:10.3f} {theirs:11.3f} {ours / theirs:6.2f}  "
-                  f"identical")
+    size = args.size // 3200 * 3200
+    x = np.random.default_rng(0).standard_normal(size).astype(np.float32).reshape(-1, 3200)
+    print(f"{size:,} float32 elements; ratio = bitfault encode / baseline (median of "
+          f"{args.repeats}, alternating)")
+    for case in CASES:
+        ours, theirs, check = case.prepare(x)
+        check()
+        t_ours, t_theirs = alternate(ours, theirs, args.repeats)
+        print(f"{case.name:22} {t_ours / t_theirs:6.2f}x  ({t_ours * 1e3:7.1f} ms vs "
+              f"{t_theirs * 1e3:7.1f} ms)  codes identical")
 
 
 if __name__ == "__main__":
