@@ -318,10 +318,10 @@ def test_the_message_check_catches_what_it_forbids() -> None:
 @pytest.mark.parametrize("data, message", [
     ({"recipes": [{"name": "a", "format": {"kind": "int4"}}]},
      "config key 'recipes[0].format': got {'kind': 'int4'}; allowed: format kind must be one of "
-     "('fixed_point', 'int_quant', 'float')"),
+     "('fixed_point', 'int_quant', 'float', 'gguf', 'mx', 'nvfp4')"),
     ({"recipes": [{"name": "a", "format": {"bits": 8}}]},
      "config key 'recipes[0].format': got {'bits': 8}; allowed: a format dict needs a 'kind' "
-     "key, one of ('fixed_point', 'int_quant', 'float')"),
+     "key, one of ('fixed_point', 'int_quant', 'float', 'gguf', 'mx', 'nvfp4')"),
     ({"recipes": [{"name": "a", "format": {"kind": "float", "bits": 8}}]},
      "config key 'recipes[0].format': got {'kind': 'float', 'bits': 8}; allowed: unknown key(s) "
      "['bits'] for format 'float'; allowed: ['dtype', 'kind', 'overflow']"),

@@ -153,3 +153,30 @@ def test_a_spec_gives_every_plane_its_map_and_its_rate():
     assert got.n_elements == 0 and got.planes["scale"] == scale
     with pytest.raises(ArgumentError, match="is for shape"):
         explicit.map_for("fc.weight", (9, 3))
+
+
+BLOCK_FORMATS = [bf.MX("float8_e4m3fn"), bf.MX("float4_e2m1fn", axis=0), bf.MX("int8"),
+                 bf.NVFP4(), bf.GGUF("q8_0"), bf.GGUF("q4_0", axis=0), bf.GGUF("q4_1"),
+                 bf.formats.GroupwiseInt(4, 32, symmetric=False),
+                 bf.formats.GroupwiseInt(8, 16, axis=0)]
+
+
+@pytest.mark.parametrize("fmt", BLOCK_FORMATS, ids=repr)
+def test_every_block_format_faults_its_planes_the_same_way_everywhere(fmt):
+    x = np.random.default_rng(7).normal(size=(6, 40)).astype(np.float32)
+    stored = StoredArray.of(x, fmt)
+    for bits, fault in ((None, bf.BitFlip()), ("scale", bf.BitFlip()), (None, bf.StuckAt(1)),
+                        ("scale.0", bf.StuckAt(0))):
+        fmap = bf.FaultMap.random(x.shape, fmt, ber=0.02, seed=3, name="w", bits=bits)
+        want = bf.inject(x, fmt, fault, fmap)
+        np.testing.assert_array_equal(stored.faulty(fault, fmap).view(np.int32),
+                                      want.view(np.int32))
+    scale_shape = fmt.plane_shapes(x.shape)["scale"]
+    flip = bf.FaultMap(x.shape, [], np.zeros(0, np.uint32), "w",
+                       planes={"scale": bf.FaultMap(scale_shape, [1], [1 << (
+                           fmt.plane("scale").format.bits - 2)], "w:scale")})
+    changed = np.flatnonzero(bf.inject(x, fmt, bf.BitFlip(), flip).ravel()
+                             != stored.values.ravel())
+    block = fmt.layout(x.shape).block_of_plane_index()[1]
+    assert changed.size and set(changed) <= set(
+        np.flatnonzero(fmt.layout(x.shape).block_of_elements() == block))

@@ -6,7 +6,7 @@ The core (formats, fault models, fault maps, memories, injection, targets, specs
 
 from bitfault.errors import ArgumentError, ArgumentTypeError
 from bitfault.faults import BitFlip, StuckAt
-from bitfault.formats import FixedPoint, Float, IntQuant, QuantParams
+from bitfault.formats import GGUF, MX, NVFP4, FixedPoint, Float, IntQuant, QuantParams
 from bitfault.inject import InjectionStats, inject, inject_with_stats
 from bitfault.maps import FaultMap
 from bitfault.memory import Memory, StoredArray
@@ -16,6 +16,9 @@ from bitfault.targets import Targets
 __version__ = "0.1.0"
 
 __all__ = [
+    "GGUF",
+    "MX",
+    "NVFP4",
     "ArgumentError",
     "ArgumentTypeError",
     "BitFlip",

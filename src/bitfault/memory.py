@@ -221,7 +221,7 @@ class StoredBlocks:
         lay = fmt.layout(arr.shape)
         planes = fmt.encode(arr)
         values = fmt.decode(planes, dtype=arr.dtype).reshape(-1)
-        blocks = fmt.to_block_form(lay, planes)
+        blocks = {k: np.array(v) for k, v in fmt.to_block_form(lay, planes).items()}
         elements = lay.to_blocks(np.arange(arr.size, dtype=np.int64).reshape(arr.shape), -1)
         valid = elements >= 0
         element_block = np.empty(arr.size, np.int64)
@@ -269,7 +269,7 @@ class StoredBlocks:
                 elif plane.per == "block":
                     where = (np.searchsorted(blocks, self.plane_block[plane.name][idx]),)
                 else:
-                    where = ()
+                    where, masks = (), masks.reshape(())
                 words[where] = fault.apply(words[where], masks.astype(np.int64))
             sub[plane.name] = words
         decoded = self.fmt.decode_blocks(sub)

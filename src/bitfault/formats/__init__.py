@@ -4,7 +4,9 @@
 ``format_from_dict`` reads, ``QuantParams``, the container helpers); each format is one
 module: ``fixed`` (FixedPoint), ``intquant`` (IntQuant), ``floats`` (Float), whose small
 floats (float8/6/4 and the E8M0 scale) use the generic codec of ``minifloat``; ``blocks``
-holds what the block formats share (planes, the block layout, ``IntCodes``).
+holds what the block formats share (planes, the block layout, ``IntCodes``), ``planes``
+which plane a bit selection names; the block formats are ``mx`` (OCP MX), ``nvfp4``,
+``gguf`` (llama.cpp's Q8_0/Q4_0/Q4_1) and ``groupwise`` (group-wise integers).
 """
 
 from bitfault.formats.base import (
@@ -23,26 +25,36 @@ from bitfault.formats.blocks import (
     BlockLayout,
     IntCodes,
     Plane,
-    is_block_format,
-    plane_formats,
     plane_map_name,
-    split_by_plane,
 )
 from bitfault.formats.fixed import FixedPoint
 from bitfault.formats.intquant import IntQuant
+from bitfault.formats.planes import is_block_format, plane_formats, split_by_plane
 
 # isort: split
-# imported last, so the registry (and its error messages) lists fixed_point, int_quant, float
+# imported after those, so the registry (and its error messages) lists fixed_point,
+# int_quant, float, then the block formats
 from bitfault.formats.floats import Float
+
+# isort: split
+from bitfault.formats.gguf import GGUF, GGUF_TYPES
+from bitfault.formats.groupwise import GroupwiseInt
+from bitfault.formats.mx import MX
+from bitfault.formats.nvfp4 import NVFP4
 
 __all__ = [
     "FORMATS",
+    "GGUF",
+    "GGUF_TYPES",
+    "MX",
+    "NVFP4",
     "BlockFormat",
     "BlockLayout",
     "FixedPoint",
     "Float",
     "Format",
     "FormatBase",
+    "GroupwiseInt",
     "IntCodes",
     "IntQuant",
     "Plane",

@@ -14,7 +14,7 @@ of a GGUF scale, ...), whose ``bits`` and ``bit_fields`` say what a fault there 
 touch. Fault maps address a plane by name: ``fc1.weight`` is the codes plane of tensor
 ``fc1.weight`` and ``fc1.weight:scale`` its scales (``plane_map_name``); bit selections
 and per-plane rates name a plane's fields as ``scale.exponent`` and a whole plane as
-``scale`` (``split_by_plane``).
+``scale`` (``formats.planes.split_by_plane``).
 
 A subclass is a frozen dataclass with an ``axis`` field that defines ``block_size``,
 ``planes``, ``encode_blocks`` and ``decode_blocks``: the arithmetic on a ``(blocks, k)``
@@ -342,55 +342,6 @@ class BlockFormat(FormatBase):
         return cast_quietly(lay.from_blocks(values), dtype)
 
 
-def is_block_format(fmt: Any) -> bool:
-    """Whether ``fmt`` stores several planes (a ``BlockFormat``)."""
-    return isinstance(fmt, BlockFormat)
-
-
-def plane_formats(fmt: Format) -> dict[str, Format]:
-    """Every plane's word format by plane name; a plain format is its own codes plane."""
-    if isinstance(fmt, BlockFormat):
-        return {p.name: p.format for p in fmt.planes}
-    return {CODES: fmt}
-
-
-def _split_key(key: Any, fmt: Format, argument: str) -> tuple[str, Any]:
-    """(plane, the key within the plane) of one bit selection entry or rate key."""
-    names = tuple(plane_formats(fmt))
-    if isinstance(key, str) and FIELD_SEPARATOR in key:
-        plane, field = key.split(FIELD_SEPARATOR, 1)
-        if plane not in names:
-            raise ArgumentError(argument, key, f"'<plane>.<field>' with a plane of {names}",
-                                requirement=f"{argument}: {key!r} names no plane of "
-                                            f"{type(fmt).__name__}; its planes: {names}")
-        return plane, int(field) if field.isdigit() else field  # "scale.7": bit 7 of a scale
-    if isinstance(key, str) and key in names and len(names) > 1:
-        return key, "all"
-    return CODES, key
-
-
-def split_by_plane(selection: Any, fmt: Format, argument: str = "bits") -> dict[str, Any]:
-    """A bit selection (or a rate mapping) split by plane: ``{plane: its part}``, only the
-    planes it selects. None selects every bit of every plane; ``"scale"`` every bit of the
-    scale plane; ``"scale.exponent"`` a field of it and ``"scale.7"`` its bit 7; other
-    entries the codes plane."""
-    names = tuple(plane_formats(fmt))
-    if selection is None:
-        return dict.fromkeys(names)
-    if isinstance(selection, Mapping):
-        parts: dict[str, dict[Any, Any]] = {}
-        for key, value in selection.items():
-            plane, sub = _split_key(key, fmt, argument)
-            parts.setdefault(plane, {})[sub] = value
-        return {n: parts[n] for n in names if n in parts}
-    items = [selection] if isinstance(selection, (str, int, np.integer)) else list(selection)
-    lists: dict[str, list[Any]] = {}
-    for item in items:
-        plane, sub = _split_key(item, fmt, argument)
-        lists.setdefault(plane, []).append(sub)
-    return {n: lists[n] for n in names if n in lists}
-
-
 __all__ = [
     "CODES",
     "PLANE_SEPARATOR",
@@ -400,8 +351,5 @@ __all__ = [
     "Plane",
     "check_axis",
     "check_block_size",
-    "is_block_format",
-    "plane_formats",
     "plane_map_name",
-    "split_by_plane",
 ]
