@@ -180,3 +180,23 @@ def test_every_block_format_faults_its_planes_the_same_way_everywhere(fmt):
     block = fmt.layout(x.shape).block_of_plane_index()[1]
     assert changed.size and set(changed) <= set(
         np.flatnonzero(fmt.layout(x.shape).block_of_elements() == block))
+
+
+def test_a_memory_gives_each_plane_its_relative_rate():
+    from bitfault.campaign.grid import Trial
+    from bitfault.campaign.runner import trial_maps
+
+    fmt = bf.MX("float4_e2m1fn")
+    memory = Memory(fmt, bf.BitFlip(), plane_rates={"codes": 0})
+    assert memory.plane_ber(0.1) == {"codes": 0.0, "scale": 0.1}
+    assert Memory.from_dict(memory.to_dict()) == memory
+    assert memory.digest() != Memory(fmt, bf.BitFlip()).digest()
+    assert "plane_rates" not in Memory(fmt, bf.BitFlip()).to_dict()
+    maps = trial_maps(Trial("rate", 0.05, 0, 7), memory, {"w": (4, 64)})
+    assert maps["w"].n_elements == 0 and maps["w"].planes["scale"].n_faults > 0
+    with pytest.raises(ArgumentError, match="plane_rates key"):
+        Memory(fmt, bf.BitFlip(), plane_rates={"min": 1})
+    with pytest.raises(ArgumentError, match="apply to block formats"):
+        Memory(bf.IntQuant(8), bf.BitFlip(), plane_rates={"codes": 1})
+    with pytest.raises(ArgumentError, match=r"plane_rates\['scale'\]"):
+        Memory(fmt, bf.BitFlip(), plane_rates={"scale": -1})

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from bitfault.errors import ArgumentError, ArgumentTypeError
+from bitfault.errors import ArgumentError, ArgumentTypeError, check_choice
 from bitfault.faults import FaultModel, as_fault_model, check_fault_model
 from bitfault.formats import (
     BlockFormat,
@@ -47,11 +47,15 @@ class Memory:
     """A tensor memory: its number ``format`` and the ``fault`` model of its bits.
 
     Either may be given in its ``to_dict()`` form. The fault's eligible bits must exist in
-    the format (``BitFlip(bits="exponent")`` needs a Float).
+    the format (``BitFlip(bits="exponent")`` needs a Float). ``plane_rates``: for a block
+    format, each plane's bit error rate relative to the rate a campaign trial draws at
+    (``{"scale": 0.1}``: scale words fail ten times less often, as a better-protected scale
+    memory would; ``{"codes": 0}``: only the scales fail); planes left out: 1.
     """
 
     format: Format
     fault: FaultModel
+    plane_rates: Mapping[str, float] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.format, Mapping):
@@ -59,23 +63,56 @@ class Memory:
         check_format(self.format)
         object.__setattr__(self, "fault", as_fault_model(self.fault))
         self.fault.eligible_planes(self.format)  # validates bit names against the format
+        if self.plane_rates is not None:
+            object.__setattr__(self, "plane_rates", self._checked_plane_rates())
+
+    def _checked_plane_rates(self) -> dict[str, float]:
+        planes = tuple(plane_formats(self.format))
+        rates = self.plane_rates
+        if not isinstance(self.format, BlockFormat):
+            raise ArgumentError("plane_rates", rates, "None for a format with one plane",
+                                requirement=f"plane_rates apply to block formats; "
+                                            f"{type(self.format).__name__} stores one plane")
+        if not isinstance(rates, Mapping) or not rates:
+            raise ArgumentError("plane_rates", rates, f"a non-empty mapping from planes of "
+                                f"{planes} to relative rates >= 0, or None")
+        out = {}
+        for plane, value in rates.items():
+            check_choice(plane, planes, "plane_rates key")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                    0 <= value < float("inf")):
+                raise ArgumentError(f"plane_rates[{plane!r}]", value, "a finite number >= 0")
+            out[plane] = float(value)
+        return {p: out[p] for p in planes if p in out}
+
+    def plane_ber(self, ber: float) -> float | dict[str, float]:
+        """The rate to draw a trial's maps at: ``ber`` itself, or with ``plane_rates`` one
+        rate per plane (``FaultMap.random``'s mapping by plane)."""
+        if self.plane_rates is None:
+            return ber
+        return {p: ber * self.plane_rates.get(p, 1.0) for p in plane_formats(self.format)}
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict; ``Memory.from_dict`` rebuilds an equal memory."""
-        return {"format": self.format.to_dict(), "fault": self.fault.to_dict()}
+        out = {"format": self.format.to_dict(), "fault": self.fault.to_dict()}
+        if self.plane_rates is not None:  # only then: older memories keep their digests
+            out["plane_rates"] = dict(self.plane_rates)
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Memory:
         if not isinstance(data, Mapping):
             raise ArgumentTypeError("data", data, "a mapping", requirement="a memory must be a "
                                     "mapping", tail=f", got {type(data).__name__}")
-        unknown = sorted(set(data) - set(_KEYS))
+        unknown = sorted(set(data) - {*_KEYS, "plane_rates"})
         missing = [k for k in _KEYS if k not in data]
         if unknown or missing:
-            raise ArgumentError("data", data, f"a mapping with exactly the keys {list(_KEYS)}",
-                                requirement=f"a memory dict has exactly the keys {list(_KEYS)}; "
-                                            f"unknown: {unknown}, missing: {missing}")
-        return cls(data["format"], data["fault"])
+            raise ArgumentError("data", data, f"a mapping with the keys {list(_KEYS)} (and "
+                                "optionally plane_rates)",
+                                requirement=f"a memory dict has the keys {list(_KEYS)} and "
+                                            f"optionally plane_rates; unknown: {unknown}, "
+                                            f"missing: {missing}")
+        return cls(data["format"], data["fault"], data.get("plane_rates"))
 
     def to_json(self) -> str:
         """The stable JSON form (sorted keys, no spaces): what ``digest`` hashes."""

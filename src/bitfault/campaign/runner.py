@@ -85,7 +85,8 @@ def trial_maps(trial: Trial, memory: Memory, shapes: Mapping[str, tuple[int, ...
     names = [trial.target] if trial.kind == "layer" else list(shapes)
     bits = (trial.bit,) if trial.kind == "bit" else memory.fault.bits
     for n in names:
-        maps[n] = FaultMap.random(shapes[n], memory.format, ber=trial.ber, seed=trial.seed,
+        maps[n] = FaultMap.random(shapes[n], memory.format, ber=memory.plane_ber(trial.ber),
+                                  seed=trial.seed,
                                   name=n, bits=bits, fault=memory.fault)
     return maps
 

@@ -76,7 +76,8 @@ class CampaignConfig:
     ``chips``) when enabled, and statistical single-fault injection when
     ``single_faults`` is a margin: single bit faults sampled (Leveugle et al.) until
     the share of faults that turn a correct prediction wrong is known to within that
-    margin at ``single_fault_confidence``."""
+    margin at ``single_fault_confidence``. ``plane_rates``: for block formats, each plane's
+    rate relative to the trial's (``bitfault.Memory.plane_rates``)."""
 
     bers: tuple[float, ...] = (1e-4, 1e-3, 1e-2)
     chips: int = 10
@@ -90,6 +91,7 @@ class CampaignConfig:
     batch: int | None = None
     single_faults: float | None = None
     single_fault_confidence: float = 0.95
+    plane_rates: Mapping[str, float] | None = None
 
     @property
     def sweep_bers(self) -> tuple[float, ...]:
@@ -142,7 +144,9 @@ class RunConfig:
                          else list(c.sensitivity_bers),
                          "sensitivity_chips": c.sensitivity_chips, "batch": c.batch,
                          "single_faults": c.single_faults,
-                         "single_fault_confidence": c.single_fault_confidence},
+                         "single_fault_confidence": c.single_fault_confidence,
+                         "plane_rates": None if c.plane_rates is None
+                         else dict(c.plane_rates)},
         }
 
 

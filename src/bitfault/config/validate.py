@@ -327,7 +327,21 @@ def _campaign(raw: Any) -> CampaignConfig:
         single_fault_confidence=_float(
             d.get("single_fault_confidence", c.single_fault_confidence),
             "campaign.single_fault_confidence", what="a confidence in (0, 1), e.g. 0.95",
-            ok=lambda f: 0 < f < 1))
+            ok=lambda f: 0 < f < 1),
+        plane_rates=_plane_rates(d.get("plane_rates")))
+
+
+def _plane_rates(value: Any) -> dict[str, float] | None:
+    """``campaign.plane_rates``: plane name -> relative rate >= 0 (checked against each
+    recipe's format when its campaign is planned)."""
+    if value is None:
+        return None
+    allowed = "a mapping from plane names to relative rates >= 0, e.g. {scale: 0.1}"
+    if not isinstance(value, Mapping) or not value:
+        raise ConfigError("campaign.plane_rates", value, allowed)
+    return {str(k): _float(v, f"campaign.plane_rates.{k}", what="a relative rate >= 0",
+                           ok=lambda f: 0 <= f < float("inf"))
+            for k, v in value.items()}
 
 
 _TOP = tuple(f.name for f in dataclasses.fields(RunConfig))

@@ -116,6 +116,12 @@ def plan_model(config: RunConfig, recipe: Recipe, model: Any, x: Any, y: Any) ->
     except (ValueError, TypeError) as exc:
         raise ConfigError("campaign.fault", c.fault.to_dict(), f"a fault model that fits "
                           f"recipe {recipe.name!r}'s format {fmt} ({exc})") from None
+    if c.plane_rates is not None:
+        try:
+            memory = Memory(fmt, c.fault, c.plane_rates)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError("campaign.plane_rates", dict(c.plane_rates), f"planes of recipe "
+                              f"{recipe.name!r}'s format {fmt} ({exc})") from None
     try:
         evaluator = make_evaluator(model, config.framework, x, y, c)
     except ValueError as exc:
