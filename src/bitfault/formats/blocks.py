@@ -236,8 +236,9 @@ class BlockFormat(FormatBase):
         raise NotImplementedError
 
     def encode_blocks(self, blocks: np.ndarray) -> dict[str, np.ndarray]:
-        """float32 ``(n, k)`` blocks -> the planes in block form as int64 bit patterns:
-        codes ``(n, k)``, block planes ``(n,)``, tensor planes ``()``."""
+        """float32 ``(n, k)`` blocks -> the planes in block form as bit patterns (any
+        integer dtype; only the low ``bits`` count): codes ``(n, k)``, block planes
+        ``(n,)``, tensor planes ``()``."""
         raise NotImplementedError
 
     def decode_blocks(self, planes: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -286,13 +287,15 @@ class BlockFormat(FormatBase):
                         ) -> dict[str, np.ndarray]:
         out = {}
         for p in self.planes:
-            v = np.asarray(planes[p.name], dtype=np.int64)
+            container = p.format.container
+            # a wrapping cast keeps the low bits: narrow first, then move the narrow words
+            v = np.asarray(planes[p.name]).astype(f"u{container.itemsize}", copy=False)
+            v = v.view(container)
             if p.per == "element":
                 v = lay.from_blocks(v)
             elif p.per == "block":
                 v = lay.blocks_to_block_plane(v)
-            out[p.name] = to_container(v.reshape(() if p.per == "tensor" else v.shape),
-                                       p.format.bits)
+            out[p.name] = v.reshape(()) if p.per == "tensor" else v
         return out
 
     def to_block_form(self, lay: BlockLayout, planes: Mapping[str, np.ndarray]
@@ -315,7 +318,7 @@ class BlockFormat(FormatBase):
         arr = check_float_input(x)
         lay = self.layout(arr.shape)
         with np.errstate(over="ignore"):
-            blocks = lay.to_blocks(arr.astype(np.float32))
+            blocks = lay.to_blocks(arr.astype(np.float32, copy=False))
         if not np.isfinite(blocks).all():
             bad = ~np.isfinite(arr)
             index = tuple(int(i) for i in np.argwhere(bad)[0]) if bad.any() else ()
