@@ -35,6 +35,23 @@ def test_map_writes_the_map_the_library_draws(tmp_path: Path) -> None:
     assert np.array_equal(loaded.to_dense(), expected.to_dense())
 
 
+def test_map_draws_every_plane_of_a_block_format_at_its_rate(tmp_path: Path) -> None:
+    path = tmp_path / "fc1.npz"
+    out = bitfault_cli("map", str(path), "--shape", "16,64", "--name", "fc1.weight",
+                       "--format", '{"kind": "mx", "element": "float4_e2m1fn"}',
+                       "--ber", "codes=0.01,scale=0.05", "--seed", "2", "--json")
+    assert out.returncode == 0, out.stderr
+    expected = bf.FaultMap.random((16, 64), bf.MX("float4_e2m1fn"), seed=2, name="fc1.weight",
+                                  ber={"codes": 0.01, "scale": 0.05})
+    assert bf.FaultMap.load(path) == expected and expected.planes["scale"].n_faults > 0
+    assert json.loads(out.stdout)["planes"]["scale"]["name"] == "fc1.weight:scale"
+    bad = bitfault_cli("map", str(tmp_path / "x.npz"), "--shape", "16,64", "--name", "w",
+                       "--format", '{"kind": "mx", "element": "float4_e2m1fn"}', "--ber",
+                       "min=0.1")
+    assert bad.returncode == 2 and "'min' is neither a plane of MX" in bad.stderr
+    assert not (tmp_path / "x.npz").exists()
+
+
 def test_bad_input_exits_2_with_one_line(tmp_path: Path) -> None:
     out = bitfault_cli("map", str(tmp_path / "x.npz"), "--shape", "4,4", "--name", "w",
                        "--ber", "1.5")

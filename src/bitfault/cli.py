@@ -98,6 +98,25 @@ def _format_arg(text: str) -> Any:
         raise argparse.ArgumentTypeError(_one_line(exc)) from None
 
 
+def _rate_arg(text: str) -> float | dict[str, float]:
+    """A rate, or rates by plane / field: ``1e-3`` or ``codes=1e-3,scale=1e-5``."""
+    if "=" not in text:
+        try:
+            return float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: give a rate, e.g. 1e-3, or rates by "
+                                             "plane, e.g. codes=1e-3,scale=1e-5") from None
+    rates: dict[str, float] = {}
+    for part in text.split(","):
+        key, _, value = part.partition("=")
+        try:
+            rates[key.strip()] = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{part!r}: give plane=rate, e.g. "
+                                             "scale=1e-5") from None
+    return rates
+
+
 def _bits_arg(text: str) -> list[int | str]:
     bits = [b.strip() for b in text.split(",")]
     if not all(bits):
@@ -189,11 +208,13 @@ def _parser() -> argparse.ArgumentParser:
                    '"frac": 28, "rounding": "trunc"}', help="format as JSON (see "
                    "Format.to_dict())")
     group = m.add_mutually_exclusive_group(required=True)
-    group.add_argument("--ber", type=float, help="bit error rate in [0, 1]")
+    group.add_argument("--ber", type=_rate_arg, help="bit error rate in [0, 1], or rates by "
+                       "plane of a block format: codes=1e-3,scale=1e-5")
     group.add_argument("--count", type=int, help="exact number of faulty bits")
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--bits", type=_bits_arg, default=None,
-                   help='eligible bits: positions or fields, e.g. "msb"')
+                   help='eligible bits: positions or fields, e.g. "msb"; a block format\'s '
+                        'other planes by name: "scale", "scale.exponent"')
     for s in (d, t, c, r, i, m):
         _common(s)
     return parser
@@ -307,9 +328,13 @@ def _map(args: argparse.Namespace, reporter: Any) -> tuple[dict[str, Any], str]:
                            seed=args.seed, name=args.name, bits=args.bits, fault=BitFlip())
     fmap.save(args.output)
     summary = {"output": args.output, "name": fmap.name, "shape": list(fmap.shape),
-               "faults": fmap.n_faults, "elements": fmap.n_elements, "digest": fmap.digest()}
-    return summary, (f"wrote {args.output}: {fmap.n_faults} faulty bits in {fmap.n_elements} "
-                     f"elements of {args.name} {fmap.shape}")
+               "faults": fmap.n_faults, "elements": fmap.n_elements, "digest": fmap.digest(),
+               "planes": {p: {"name": m.name, "shape": list(m.shape), "faults": m.n_faults}
+                          for p, m in fmap.planes.items()}}
+    planes = "".join(f", {m.n_faults} in {m.name} {m.shape}" for m in fmap.planes.values())
+    codes = fmap.n_faults - sum(m.n_faults for m in fmap.planes.values())
+    return summary, (f"wrote {args.output}: {codes} faulty bits in {fmap.n_elements} "
+                     f"elements of {args.name} {fmap.shape}{planes}")
 
 
 COMMANDS = {"demo": _demo, "train": _train, "campaign": _campaign, "report": _report,

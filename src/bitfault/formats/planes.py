@@ -41,6 +41,15 @@ def _split_key(key: Any, fmt: Format, argument: str) -> tuple[str, Any]:
         return plane, int(field) if field.isdigit() else field  # "scale.7": bit 7 of a scale
     if isinstance(key, str) and key in names and len(names) > 1:
         return key, "all"
+    codes = plane_formats(fmt)[CODES]
+    if isinstance(key, str) and len(names) > 1 and key not in {*codes.bit_fields, "msb",
+                                                                 "lsb", "all"}:
+        allowed = f"a plane of {names}, '<plane>.<field>' or a field of the codes " \
+                  f"{sorted(codes.bit_fields)}"
+        raise ArgumentError(argument, key, allowed,
+                            requirement=f"{argument}: {key!r} is neither a plane of "
+                                        f"{type(fmt).__name__} nor a field of its codes; "
+                                        f"allowed: {allowed}")
     return CODES, key
 
 
