@@ -59,8 +59,12 @@ def batch_map(fmap: FaultMap, batch: int) -> FaultMap:
         raise ValueError(f"batch must be a non-negative integer, got {batch!r}")
     size = fmap.size
     idx = (np.arange(batch, dtype=np.int64)[:, None] * size + fmap.indices[None, :]).reshape(-1)
+    # a block format's planes (blocks along a negative axis: the same blocks in every
+    # sample): element and block planes repeat per sample, a tensor plane (shape ()) is
+    # the one word of the whole batch
+    planes = {p: m if not m.shape else batch_map(m, batch) for p, m in fmap.planes.items()}
     return FaultMap((batch, *fmap.shape), idx, np.tile(fmap.masks, batch), fmap.name,
-                    {**fmap.meta, "batch": batch})
+                    {**fmap.meta, "batch": batch}, planes)
 
 
 def injected(model: nn.Module) -> bool:
@@ -266,8 +270,7 @@ class FaultHandle:
                 self._faults.clear()
             if batch:
                 maps = [batch_map(maps[0], batch)]
-            faults = DeviceFaults.build(maps, self.spec.fault.eligible_mask(self.spec.format),
-                                        device)
+            faults = DeviceFaults.of(maps, self.spec.format, self.spec.fault, device)
             self._faults[key] = faults
         return faults
 

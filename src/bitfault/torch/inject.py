@@ -28,6 +28,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from bitfault.errors import ArgumentError
+from bitfault.formats import BlockFormat, plane_formats, plane_map_name
+from bitfault.formats.blocks import CODES
 from bitfault.memory import check_map_fits
 from bitfault.spec import FaultSpec
 from bitfault.torch.handle import (
@@ -84,6 +87,14 @@ def inject_(model: nn.Module, spec: FaultSpec | Mapping[str, Any],
                          f"modules {[f for f, _ in chosen][:8]}: they have no parameter of "
                          "those kinds (weights: *weight, biases: *bias) that the targets' "
                          "patterns keep")
+    if activations and isinstance(spec.format, BlockFormat) and spec.format.axis >= 0:
+        raise ArgumentError("format.axis", spec.format.axis, "a negative axis for activation "
+                            "targets", requirement=(
+                                f"activations: an activation map covers one sample, so the "
+                                f"blocks of {type(spec.format).__name__} must run along an axis "
+                                f"counted from the end (axis={spec.format.axis} names another "
+                                f"axis once the batch axis comes first); use a negative axis, "
+                                f"such as -1"))
     for fqn, module in chosen:
         if module in LIVE:
             raise ValueError(f"module {fqn or '<model>'!r} already has faults injected; "
@@ -91,7 +102,9 @@ def inject_(model: nn.Module, spec: FaultSpec | Mapping[str, Any],
     known = {p.name: p for p in params}
     known_acts = {join_name(a, "output") for a in activations}
     if spec.maps is not None:
-        unknown = sorted(set(spec.maps) - set(known) - known_acts)
+        planes = [p for p in plane_formats(spec.format) if p != CODES]
+        own = {plane_map_name(t, p) for t in (*known, *known_acts) for p in planes}
+        unknown = sorted(set(spec.maps) - set(known) - known_acts - own)
         if unknown:
             raise ValueError(f"maps names tensor(s) {unknown} that this injection does not "
                              f"fault; its tensors are {sorted(set(known) | known_acts)}")

@@ -7,7 +7,10 @@ The only module that chooses a kernel; every path gives the bits ``bitfault.inje
   and ``BITFAULT_NUMBA`` is not ``0``;
 * the float32 fast paths (``ops.float32``): FixedPoint "saturate", Float("float32") and
   IntQuant, on any device;
-* the generic path (``ops.generic``): every format, overflow policy and float dtype.
+* the generic path (``ops.generic``): every format, overflow policy and float dtype;
+* block formats (``ops.blocks``): every plane encoded, faulted and decoded in tensor ops
+  (native kernels for MX, NVFP4, GGUF and GroupwiseInt; the NumPy core on the host for
+  any other ``BlockFormat``).
 
 bfloat16 goes through float32 and is rounded back by PyTorch's cast. ``inject_``,
 ``fit``, ``quantised_weights`` and ``TorchEvaluator`` all come through here.
@@ -25,9 +28,10 @@ import numpy as np
 import torch
 
 from bitfault.faults import FaultModel, check_fault_model
-from bitfault.formats import FixedPoint, Float, Format, IntQuant, is_format
+from bitfault.formats import BlockFormat, FixedPoint, Float, Format, IntQuant, is_format
 from bitfault.maps import FaultMap
 from bitfault.memory import check_map_fits
+from bitfault.torch.ops import blocks as block_ops
 from bitfault.torch.ops import float32, generic, numba
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -50,7 +54,9 @@ class DeviceFaults:
     faulty bits of each (int64, restricted to the bits the fault model may touch;
     entries left without any are dropped); ``offsets``/``sizes``: where each
     tensor starts and how many elements it has; ``spans[i]``: the slice of
-    ``index``/``masks`` that belongs to tensor ``i``.
+    ``index``/``masks`` that belongs to tensor ``i``. For a block format (``of``),
+    ``blocks[i]``: tensor ``i``'s faults in every plane, in block form
+    (``ops.blocks.BlockFaults``).
     """
 
     index: torch.Tensor
@@ -59,6 +65,19 @@ class DeviceFaults:
     offsets: tuple[int, ...]
     sizes: tuple[int, ...]
     spans: tuple[tuple[int, int], ...]
+    blocks: tuple[block_ops.BlockFaults, ...] = ()
+
+    @classmethod
+    def of(cls, maps: Sequence[FaultMap], fmt: Format, fault: FaultModel,
+           device: torch.device | str) -> DeviceFaults:
+        """The faults of ``maps`` (one per tensor, in order) stored in ``fmt`` on ``device``,
+        restricted to the bits ``fault`` may touch in each plane: what every caller builds."""
+        faults = cls.build(maps, fault.eligible_mask(fmt), device)
+        if not isinstance(fmt, BlockFormat):
+            return faults
+        per_tensor = tuple(block_ops.BlockFaults.of(m, fmt, fault, device) for m in maps)
+        return cls(faults.index, faults.masks, faults.masks32, faults.offsets, faults.sizes,
+                   faults.spans, per_tensor)
 
     @classmethod
     def build(cls, maps: Sequence[FaultMap], eligible_mask: int,
@@ -112,7 +131,7 @@ class DeviceFaults:
         index = self.index[a:b]
         return DeviceFaults(index - self.offsets[i] if self.offsets[i] else index,
                             self.masks[a:b], self.masks32[a:b], (0,), (self.sizes[i],),
-                            ((0, b - a),))
+                            ((0, b - a),), self.blocks[i:i + 1])
 
 
 # ---- the compiled CPU kernels (Numba) ---------------------------------------------------
@@ -236,6 +255,15 @@ def faulty_group(xs: Sequence[torch.Tensor], fmt: Format, fault: FaultModel, fau
     if not xs:
         return []
     dtype = xs[0].dtype
+    if isinstance(fmt, BlockFormat):
+        if len(faults.blocks) != len(xs):
+            raise ValueError("faults for a block format come from DeviceFaults.of(maps, fmt, "
+                             "fault, device)")
+        if dtype == torch.bfloat16:  # through float32, rounded back by PyTorch's cast
+            return [block_ops.faulty_blocks(x.to(torch.float32), fmt, fault, f, strict)
+                    .to(torch.bfloat16) for x, f in zip(xs, faults.blocks, strict=True)]
+        return [block_ops.faulty_blocks(x, fmt, fault, f, strict)
+                for x, f in zip(xs, faults.blocks, strict=True)]
     if dtype == torch.bfloat16:
         outs = faulty_group([x.to(torch.float32) for x in xs], fmt, fault, faults, strict,
                             buffers)
@@ -272,7 +300,8 @@ def inject_tensor(x: torch.Tensor, fmt: Format, fault: FaultModel, fmap: FaultMa
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     check_float_dtype(x.dtype, "x")
     if not is_format(fmt):
-        raise TypeError(f"fmt must be a bitfault format (FixedPoint, IntQuant, Float), got {fmt!r}")
+        raise TypeError(f"fmt must be a bitfault format (FixedPoint, IntQuant, Float or a block "
+                        f"format), got {fmt!r}")
     check_fault_model(fault)
     check_map_fits(fmap, tuple(x.shape), fmt)
     if compiled_for(x, fmt):  # the compiled pass, straight from the map
@@ -281,6 +310,6 @@ def inject_tensor(x: torch.Tensor, fmt: Format, fault: FaultModel, fmap: FaultMa
                                            out.view(-1).numpy()):
             return out
         # an IntQuant tensor with NaN or inf: the PyTorch path raises the core's error
-    faults = DeviceFaults.build([fmap], fault.eligible_mask(fmt), x.device)
+    faults = DeviceFaults.of([fmap], fmt, fault, x.device)
     with torch.no_grad():
         return faulty_group([x.detach()], fmt, fault, faults, strict=True)[0]

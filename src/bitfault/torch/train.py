@@ -70,7 +70,7 @@ def quantised_weights(model: nn.Module, format: Format, maps: Mapping[str, Fault
     for (_, device), names in groups.items():
         fmaps = [maps[n] if maps.get(n) is not None else FaultMap.empty(tuple(params[n].shape), n)
                  for n in names]
-        faults = DeviceFaults.build(fmaps, fault.eligible_mask(format), device)
+        faults = DeviceFaults.of(fmaps, format, fault, device)
         clean = [params[n] for n in names]
         with torch.no_grad():
             faulty = faulty_group([c.detach() for c in clean], format, fault, faults)
