@@ -38,12 +38,20 @@ from bitfault.campaign.evaluator import (
     patch_faulty_elements,
     predicted_labels,
 )
+from bitfault.formats import plane_formats
+from bitfault.formats.blocks import CODES
 from bitfault.maps import FaultMap
 from bitfault.memory import Memory, StoredArray
 from bitfault.torch.graph import TracedGraph, run_nodes
 from bitfault.torch.single_faults import SingleFaultPaths
 
 EVALUATED_KINDS = ("weights", "biases", "buffers")  # stored tensors; activations: inject_
+
+
+def _faulty_in(fmap: FaultMap, plane: str, eligible: int) -> bool:
+    """Whether ``fmap`` has a fault in ``plane`` at a bit of ``eligible``."""
+    pmap = fmap.plane(plane)
+    return pmap is not None and bool(np.any(pmap.masks & np.uint32(eligible)))
 
 
 @dataclass(frozen=True)
@@ -135,7 +143,8 @@ class TorchEvaluator(SingleFaultPaths):
 
     def predict(self, batch_of_maps: Sequence[Maps], memory: Memory) -> list[np.ndarray]:
         """Predicted labels for each map set (dict of tensor name -> FaultMap)."""
-        eligible = memory.fault.eligible_mask(memory.format)
+        planes = plane_formats(memory.format)
+        eligible = {p: memory.fault.eligible_mask(memory.format, p) for p in planes}
         out: list[np.ndarray | None] = [None] * len(batch_of_maps)
         singles: dict[str, list[tuple[int, int, int]]] = {}
         for k, maps in enumerate(batch_of_maps):
@@ -143,14 +152,16 @@ class TorchEvaluator(SingleFaultPaths):
             if unknown:
                 raise ValueError(f"fault maps name unknown tensor(s) {unknown}; this evaluator's "
                                  f"tensors are {self.names}")
-            active = {n: m for n, m in maps.items()
-                      if np.any(m.masks & np.uint32(eligible))}
+            faulted = {n: [p for p in planes if _faulty_in(m, p, eligible[p])]
+                       for n, m in maps.items()}
+            active = {n: m for n, m in maps.items() if faulted[n]}
             if not active:
                 out[k] = self.golden(memory)
                 continue
             if len(active) == 1 and self.fast_paths:
                 (name, fmap), = active.items()
-                if fmap.indices.size == 1 and self._single_ok(name):
+                if fmap.indices.size == 1 and faulted[name] == [CODES] and \
+                        self._single_ok(name):
                     singles.setdefault(name, []).append(
                         (k, int(fmap.indices[0]), int(fmap.masks[0])))
                     continue
