@@ -327,30 +327,80 @@ def fixed_point_value(word: int, bits: int, frac: int) -> float:
 INT_QUANT_MIN_SCALE = 2.0 ** -23  # float32 eps: torch.ao's floor on a scale
 
 
+def float32_of(v: Fraction | int | float) -> float:
+    """The exact value ``v`` rounded once to the nearest float32 (ties to even, subnormals,
+    +-inf beyond the largest finite value), as a Python float (which holds it exactly)."""
+    v = Fraction(v)
+    if v == 0:
+        return 0.0
+    a = abs(v)
+    e = a.numerator.bit_length() - a.denominator.bit_length()  # 2**(e-1) < a < 2**(e+1)
+    if Fraction(2) ** (e + 1) <= a:
+        e += 1
+    if a < Fraction(2) ** e:
+        e -= 1
+    quantum = Fraction(2) ** (max(e, -126) - 23)
+    r = round(a / quantum) * quantum  # Fraction.__round__: half to even
+    if r >= Fraction(2) ** 128 - Fraction(2) ** 103:
+        return math.copysign(math.inf, v)
+    return math.copysign(float(r), v)
+
+
 def int_quant_params(values: Sequence[float], bits: int, symmetric: bool) -> tuple[float, int]:
-    """(scale, zero point) of a clean slice of values, by the formulas of the issue; the
-    scale is floored at float32 eps (an all-zero slice: scale 2**-23, zero point 0)."""
+    """(scale, zero point) of a clean slice of values, as torch.ao's MinMaxObserver
+    computes them in float32 (each operation rounded once to float32): symmetric
+    ``max(|x|) / float32(qmax)``, asymmetric ``(max(x, 0) - min(x, 0)) / float32(qmax)`` and
+    ``zp = -rint(min(x, 0) / scale)`` clamped; the scale is at least float32 eps (an
+    all-zero slice: scale 2**-23, zero point 0). float64 values are rounded to float32 first."""
+    values = [f32(v) for v in values]
     if symmetric:
-        qmax = (1 << (bits - 1)) - 1
+        qmax = (1 << (bits - 1)) - 1  # (qmax - qmin) / 2 with qmin = -qmax
         amax = max((abs(v) for v in values), default=0.0)
-        return max(amax / qmax, INT_QUANT_MIN_SCALE), 0
+        return max(float32_of(Fraction(amax) / Fraction(float32_of(qmax))),
+                   INT_QUANT_MIN_SCALE), 0
     qmax = (1 << bits) - 1
     xmin = min(min(values, default=0.0), 0.0)
     xmax = max(max(values, default=0.0), 0.0)
-    scale = max((xmax - xmin) / qmax, INT_QUANT_MIN_SCALE)
-    zero = round(0 - xmin / scale)  # round(): ties to even, like the hardware's rint
+    span = float32_of(Fraction(xmax) - Fraction(xmin))
+    scale = max(float32_of(Fraction(span) / Fraction(float32_of(qmax))), INT_QUANT_MIN_SCALE)
+    zero = 0 - round(Fraction(float32_of(Fraction(xmin) / Fraction(scale))))
     return scale, max(0, min(qmax, zero))
 
 
+def _round_code(t: float, rounding: str) -> float:
+    """A float32 ratio rounded to an integer (+-inf kept: they saturate)."""
+    if math.isinf(t):
+        return t
+    return round_fraction(Fraction(t), rounding)
+
+
 def int_quant_word(x: float, scale: float, zero: int, bits: int, symmetric: bool,
-                   codes: str, rounding: str = "nearest") -> tuple[int, bool]:
-    """(unsigned stored pattern, saturated?) of one value with the clean scale and zero point."""
-    ratio = x / scale
-    q = (round(ratio) if rounding == "nearest" else math.trunc(ratio)) + zero
+                   codes: str, rounding: str = "nearest", per_tensor: bool = True
+                   ) -> tuple[int, bool]:
+    """(unsigned stored pattern, saturated?) of one value with the clean scale and zero point,
+    as PyTorch's CPU quantisers compute it: ``x`` rounded to float32, ``inv = float32(1 /
+    scale)``; symmetric (and rounding "trunc"): ``round(float32(x * inv)) + zp``;
+    asymmetric per tensor in at most 8 bits (torch.quantize_per_tensor's fused multiply-add):
+    ``rint(float32(x * inv + zp))``, one rounding; else (torch.quantize_per_channel, and the
+    qint32 path): ``rint(float32(float32(x * inv) + float32(zp)))``. NaN -> code 0."""
     half = 1 << (bits - 1)
     lo, hi = (-(half - 1), half - 1) if symmetric else (0, (1 << bits) - 1)
-    saturated = not lo <= q <= hi
-    q = max(lo, min(hi, q))
+    x = f32(x)
+    if math.isnan(x):
+        q: float = 0
+        saturated = True
+    else:
+        inv = Fraction(float32_of(1 / Fraction(scale)))
+        if symmetric or rounding == "trunc":
+            q = _round_code(float32_of(Fraction(x) * inv), rounding) + zero
+        elif per_tensor and bits <= 8:
+            q = _round_code(float32_of(Fraction(x) * inv + zero), rounding)
+        else:
+            t = float32_of(Fraction(x) * inv)
+            q = t if math.isinf(t) else _round_code(
+                float32_of(Fraction(t) + Fraction(float32_of(zero))), rounding)
+        saturated = not lo <= q <= hi
+    q = int(max(lo, min(hi, q)))
     if symmetric:
         stored = q if codes == "signed" else q + half
     else:
@@ -360,7 +410,8 @@ def int_quant_word(x: float, scale: float, zero: int, bits: int, symmetric: bool
 
 def int_quant_value(word: int, scale: float, zero: int, bits: int, symmetric: bool,
                     codes: str) -> float:
-    """Dequantise a (possibly faulty) pattern with the clean scale: (stored-offset-zp)*scale."""
+    """Dequantise a (possibly faulty) pattern with the clean scale: ``(stored - offset - zp) *
+    scale`` rounded once into a Python float (torch's fake quantisation multiplies in double)."""
     half = 1 << (bits - 1)
     stored = sign_extend(word, bits) if codes == "signed" else word % (1 << bits)
     if symmetric:

@@ -184,7 +184,8 @@ def test_int_quant_matches_reference(bits, symmetric, codes, per_channel, roundi
 
     words, n_saturated = fmt.encode_counting(x, params)
     assert words.dtype == fmt.container and words.shape == x.shape
-    expected = [ref.int_quant_word(v, *params_ref[c], bits, symmetric, codes, rounding)
+    expected = [ref.int_quant_word(v, *params_ref[c], bits, symmetric, codes, rounding,
+                                   per_tensor=fmt.axis is None)
                 for v, c in zip(x.ravel().tolist(), channel, strict=True)]
     assert ref.low_words(words, bits) == [w for w, _ in expected]
     assert n_saturated == sum(s for _, s in expected) == 0
@@ -243,7 +244,8 @@ def test_int_quant_round_trip_error_within_half_a_step(bits, symmetric, values):
     # symmetric: within half a step; asymmetric: the zero point's rounding may push the
     # top value one code over the end, so within one step there
     bound = step / 2 if symmetric else step
-    assert np.all(err <= bound * (1 + 1e-9))
+    # float32 arithmetic: x rounded to float32, x * float32(1/s) rounded, (2**-24 each)
+    assert np.all(err <= bound * (1 + 1e-6) + np.abs(x) * 2.0**-22)
 
 
 def test_int_quant_properties():
@@ -290,7 +292,7 @@ def test_int_quant_zero_scale_is_torch_eps_floor(symmetric, per_channel, rng):
         ours = params.scale.ravel()
         floored = t_scale.numpy() == np.float32(fmt.min_scale)
         assert floored.any() and np.all(ours[floored] == fmt.min_scale)
-        assert np.allclose(ours, t_scale.numpy(), rtol=1e-6)
+        assert np.array_equal(ours, t_scale.numpy())  # float32 arithmetic: the same bits
         assert np.array_equal(params.zero_point.ravel(), t_zero.numpy().ravel())
         qt = torch.quint8 if not symmetric else torch.qint8
         if per_channel:
@@ -299,9 +301,7 @@ def test_int_quant_zero_scale_is_torch_eps_floor(symmetric, per_channel, rng):
         else:
             qx = torch.quantize_per_tensor(torch.from_numpy(arr), float(t_scale), int(t_zero), qt)
         words = fmt.encode(arr, params)
-        rows = floored if per_channel else slice(None)
-        assert np.array_equal(words.view(qx.int_repr().numpy().dtype)[rows],
-                              qx.int_repr().numpy()[rows])
+        assert np.array_equal(words.view(qx.int_repr().numpy().dtype), qx.int_repr().numpy())
 
 
 @pytest.mark.parametrize("symmetric", [True, False])

@@ -59,7 +59,8 @@ def reference_inject(x: np.ndarray, fmt, kind: str, value: int, selection, dense
             channel = np.indices(x.shape)[axis].ravel().tolist()
             slices = [np.take(x, i, axis=axis).ravel().tolist() for i in range(x.shape[axis])]
         params = [ref.int_quant_params(s, bits, fmt.symmetric) for s in slices]
-        coded = [ref.int_quant_word(v, *params[c], bits, fmt.symmetric, fmt.codes, fmt.rounding)
+        coded = [ref.int_quant_word(v, *params[c], bits, fmt.symmetric, fmt.codes, fmt.rounding,
+                                    per_tensor=axis is None)
                  for v, c in zip(values, channel, strict=True)]
         words = [w for w, _ in coded]
         saturated = 0

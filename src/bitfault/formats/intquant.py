@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -30,12 +31,17 @@ _CODES = ("signed", "unsigned")
 
 @dataclass(frozen=True)
 class IntQuant(FormatBase, kind="int_quant"):
-    """Affine integer quantisation into ``bits``-bit codes (2..32).
+    """Affine integer quantisation into ``bits``-bit codes (2..32), in float32 as PyTorch's
+    CPU quantisation computes it (``docs/formats.md``).
 
-    symmetric: ``q = round(x / s)`` in [-(2**(b-1)-1), 2**(b-1)-1], ``s = max|x| / (2**(b-1)-1)``.
-    asymmetric: ``q = round(x / s) + z`` in [0, 2**b - 1], ``s = (max - min) / (2**b - 1)``.
-    ``s`` is at least ``min_scale`` (float32 eps, torch.ao's floor), so an all-zero
-    tensor or channel gets ``s = 2**-23`` and a flipped code in it stays tiny.
+    symmetric: ``q = rint(x * float32(1/s))`` in [-(2**(b-1)-1), 2**(b-1)-1],
+    ``s = max|x| / (2**(b-1)-1)``; asymmetric: ``q = rint(x * float32(1/s)) + z`` (the
+    zero point added as torch adds it, ``zero_point_add``) in [0, 2**b - 1], ``s = (max(mx,
+    0) - min(mn, 0)) / (2**b - 1)``, ``z = -rint(min(mn, 0) / s)``: torch.ao's
+    MinMaxObserver in float32, so the codes are those ``torch.quantize_per_tensor`` /
+    ``quantize_per_channel`` store. ``s`` is at least ``min_scale`` (float32 eps, torch.ao's
+    floor), so an all-zero tensor or channel gets ``s = 2**-23`` and a flipped code in it
+    stays tiny. float64 input is rounded to float32 first (torch quantises float32 only).
     ``per_channel``: False (one scale per tensor), True (per slice along axis 0) or an
     axis. ``codes``: how a code is laid out in memory, "signed" two's complement or
     "unsigned" offset binary (a symmetric code is stored as ``q + 2**(b-1)``; an
@@ -129,35 +135,40 @@ class IntQuant(FormatBase, kind="int_quant"):
         axis %= ndim
         return tuple(i for i in range(ndim) if i != axis)
 
+    @property
+    def zero_point_add(self) -> Literal["after", "fused", "float32"]:
+        """How the zero point enters a code, as torch's CPU quantisers add it (``t = x *
+        float32(1 / s)``, rounded to float32): "after" ``round(t) + z`` (symmetric, z = 0,
+        and rounding "trunc"); "fused" ``rint(float32(x * inv + z))`` with one rounding
+        (``torch.quantize_per_tensor`` into 8-bit codes: a fused multiply-add); "float32"
+        ``rint(float32(t + float32(z)))`` (``torch.quantize_per_channel``, and per tensor
+        beyond 8 bits, torch's qint32 path)."""
+        if self.symmetric or self.rounding == "trunc":
+            return "after"
+        return "fused" if self.axis is None and self.bits <= 8 else "float32"
+
     def calibrate(self, x: Any) -> QuantParams:
-        """Scale and zero point from the clean tensor (per tensor or per channel)."""
-        arr = check_float_input(x).astype(np.float64)
-        bad = ~np.isfinite(arr)
+        """float32 scale and int64 zero point from the clean tensor, as torch.ao's
+        MinMaxObserver computes them (per tensor or per channel)."""
+        arr = check_float_input(x)
+        x32 = to_f32(arr)
+        bad = ~np.isfinite(x32)
         if bad.any():
             index, value = first_bad(bad, arr)
-            raise ValueError(f"IntQuant: value {value!r} at index {index} is not finite; "
+            what = "beyond float32's range" if math.isfinite(value) else "not finite"
+            raise ValueError(f"IntQuant: value {value!r} at index {index} is {what}; "
                              "a scale cannot be computed from NaN or inf")
         axes = self.reduce_axes(arr.ndim)
-        lo, hi = self.code_range
         if arr.size == 0:
-            return QuantParams(np.asarray(1.0), np.asarray(0, dtype=np.int64))
-        if self.symmetric:
-            amax = np.max(np.abs(arr), axis=axes, keepdims=axes is not None)
-            scale = np.maximum(amax / hi, self.min_scale)
-            zero = np.zeros_like(scale, dtype=np.int64)
-        else:
-            xmin = np.minimum(np.min(arr, axis=axes, keepdims=axes is not None), 0.0)
-            xmax = np.maximum(np.max(arr, axis=axes, keepdims=axes is not None), 0.0)
-            scale = np.maximum((xmax - xmin) / (hi - lo), self.min_scale)
-            zero = np.clip(np.rint(lo - xmin / scale), lo, hi).astype(np.int64)
-        return QuantParams(np.asarray(scale, dtype=np.float64), np.asarray(zero))
+            return QuantParams(np.asarray(1.0, np.float32), np.asarray(0, dtype=np.int64))
+        return calibrate_f32(self, x32, axes)
 
     def encode_counting(
         self, x: Any, params: QuantParams | None = None
     ) -> tuple[np.ndarray, int]:
         arr = check_float_input(x)
         params = self.calibrate(arr) if params is None else params
-        y = round_by(arr.astype(np.float64) / params.scale, self.rounding) + params.zero_point
+        y = codes_f32(self, to_f32(arr), params)
         lo, hi = self.code_range
         codes, n_sat = to_int_range(y, lo, hi, "saturate", arr, "IntQuant")
         return to_container(codes + self.code_offset, self.bits), n_sat
@@ -169,7 +180,8 @@ class IntQuant(FormatBase, kind="int_quant"):
     def decode(
         self, words: Any, params: QuantParams | None = None, dtype: Any = np.float32
     ) -> np.ndarray:
-        """Words -> floats with the clean tensor's ``params`` (required)."""
+        """Words -> floats with the clean tensor's ``params`` (required):
+        ``(q - z) * s`` with one rounding into ``dtype``, as torch's dequantise computes it."""
         if params is None:
             raise ArgumentError("params", params, "the clean tensor's QuantParams",
                                 requirement="IntQuant.decode needs params= (the clean tensor's "
@@ -179,8 +191,72 @@ class IntQuant(FormatBase, kind="int_quant"):
             stored = low_bits_signed(words, self.bits)
         else:
             stored = low_bits_unsigned(words, self.bits)
-        q = stored - self.code_offset - params.zero_point
-        return cast_quietly(q * params.scale, dtype)
+        q = stored - self.code_offset - np.asarray(params.zero_point, np.int64)
+        scale = np.asarray(params.scale, np.float32).astype(np.float64)
+        return cast_quietly(q.astype(np.float64) * scale, dtype)
 
 
-__all__ = ["IntQuant"]
+_EPS32 = np.float32(np.finfo(np.float32).eps)
+
+
+def to_f32(x: np.ndarray) -> np.ndarray:
+    """``x`` as float32 (rounded to nearest from float64, +-inf beyond float32's range)."""
+    with np.errstate(over="ignore"):
+        return np.asarray(x).astype(np.float32, copy=False)
+
+
+def calibrate_f32(fmt: IntQuant, x: np.ndarray, axes: tuple[int, ...] | None) -> QuantParams:
+    """MinMaxObserver's ``_calculate_qparams`` in float32 on a finite non-empty float32 ``x``:
+    symmetric ``s = max(-min(mn, 0), max(mx, 0)) / float32((qmax - qmin) / 2)``;
+    asymmetric ``s = (max(mx, 0) - min(mn, 0)) / float32(qmax - qmin)``, ``z = qmin -
+    rint(min(mn, 0) / s)`` clamped; ``s`` at least float32 eps."""
+    keep = axes is not None
+    lo, hi = fmt.code_range
+    mn = np.minimum(np.min(x, axis=axes, keepdims=keep), np.float32(0))
+    mx = np.maximum(np.max(x, axis=axes, keepdims=keep), np.float32(0))
+    if fmt.symmetric:
+        scale = np.maximum(np.maximum(-mn, mx) / np.float32((hi - lo) / 2), _EPS32)
+        return QuantParams(np.asarray(scale, np.float32), np.zeros(scale.shape, np.int64))
+    with np.errstate(over="ignore"):
+        scale = np.maximum((mx - mn) / np.float32(hi - lo), _EPS32)
+    if not np.isfinite(scale).all():
+        raise ValueError(f"IntQuant: the clean range {float(np.max(mx))!r} - "
+                         f"({float(np.min(mn))!r}) overflows float32; no float32 scale spans it")
+    zero = np.clip(lo - np.rint(mn / scale).astype(np.float64), lo, hi).astype(np.int64)
+    return QuantParams(np.asarray(scale, np.float32), np.asarray(zero))
+
+
+def fused_f32(p: np.ndarray, z: np.ndarray) -> np.ndarray:
+    """float32(p + z) with one rounding, for float64 ``p`` (an exact float32 product) and
+    integer ``z``: the float64 sum is rounded to odd (TwoSum's error decides), so that
+    rounding it to float32 is the single rounding of the exact sum."""
+    z = np.asarray(z, np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        s = p + z
+        bb = s - p
+        err = (p - (s - bb)) + (z - bb)
+        inexact = (err != 0) & np.isfinite(s) & ((s.view(np.int64) & 1) == 0)
+        if inexact.any():
+            s = np.where(inexact, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
+        return s.astype(np.float32)
+
+
+def codes_f32(fmt: IntQuant, x: np.ndarray, params: QuantParams) -> np.ndarray:
+    """Unclamped codes (float64 integers, NaN for NaN) of float32 ``x``, as torch's CPU
+    quantisers compute them: ``t = x * float32(1 / s)`` in float32, then the zero point
+    as ``fmt.zero_point_add`` says."""
+    scale = np.asarray(params.scale, np.float32)
+    zero = np.asarray(params.zero_point, np.int64)
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        inv = np.float32(1) / scale
+        how = fmt.zero_point_add
+        if how == "fused":
+            t = np.rint(fused_f32(x.astype(np.float64) * inv.astype(np.float64), zero))
+        elif how == "float32":
+            t = np.rint(x * inv + zero.astype(np.float32))
+        else:
+            return round_by(x * inv, fmt.rounding).astype(np.float64) + zero
+    return t.astype(np.float64)
+
+
+__all__ = ["IntQuant", "calibrate_f32", "codes_f32", "fused_f32", "to_f32"]

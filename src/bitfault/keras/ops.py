@@ -95,29 +95,69 @@ def fixed_point_fault(fmt: FixedPoint, fault: FaultModel) -> FaultFn:
     return run
 
 
+def _fused_f32(p: tf.Tensor, z: tf.Tensor) -> tf.Tensor:
+    """float32(p + z) with one rounding, for float64 ``p`` (an exact float32 product) and
+    integer-valued float64 ``z``: the sum rounded to odd by TwoSum's error, then to float32
+    (``bitfault.formats.intquant.fused_f32``)."""
+    s = p + z
+    bb = s - p
+    err = (p - (s - bb)) + (z - bb)
+    bits = tf.bitcast(s, tf.int64)
+    even = tf.equal(tf.bitwise.bitwise_and(bits, tf.constant(1, tf.int64)), 0)
+    fix = tf.logical_and(tf.logical_and(tf.not_equal(err, 0.0), tf.math.is_finite(s)), even)
+    # one ulp toward err: the magnitude grows when err has s's sign
+    step = tf.where(tf.equal(err > 0, s > 0), tf.constant(1, tf.int64), tf.constant(-1, tf.int64))
+    return tf.cast(tf.where(fix, tf.bitcast(bits + step, tf.float64), s), tf.float32)
+
+
+def _div_f32(a: tf.Tensor, d: np.float32) -> tf.Tensor:
+    """float32 ``a / d`` correctly rounded, also under XLA, which turns a division by a
+    constant into a multiplication by its rounded reciprocal: in float64 that product is
+    within 2**-52 of ``a / d``, and for a divisor below 2**27 (or a power of two) no
+    float32 quotient lies that close to a float32 midpoint, so rounding it to float32
+    gives the correctly rounded quotient (eager float64 division as well)."""
+    return tf.cast(tf.cast(a, tf.float64) / float(d), tf.float32)
+
+
 def int_quant_fault(fmt: IntQuant, fault: FaultModel, axis: int | None) -> FaultFn:
-    """IntQuant in float64/int64 as the core computes it; ``axis`` is the channel axis of x."""
+    """IntQuant in float32 as the core computes it (torch.ao's observer and torch's CPU
+    quantisers); ``axis`` is the channel axis of x."""
     lo, hi = fmt.code_range
     offset = fmt.code_offset
     word = tf.int32 if fmt.bits <= 30 else tf.int64  # int32 runs twice as wide, no overflow
+    narrow = fmt.bits <= 24  # codes and code - z are exact in float32
+    how = fmt.zero_point_add
+    half_range = np.float32((hi - lo) / 2) if fmt.symmetric else np.float32(hi - lo)
+    eps = np.float32(fmt.min_scale)
 
     def run(x: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
-        x64 = tf.cast(x, tf.float64)
         if axis is None:
             axes, keep = None, False
         else:
             axes, keep = [i for i in range(x.shape.rank) if i != axis], True
-        # extremes are exact in float32 (half the traffic of float64); the rest is float64
+        mn = tf.minimum(tf.reduce_min(x, axis=axes, keepdims=keep), 0.0)
+        mx = tf.maximum(tf.reduce_max(x, axis=axes, keepdims=keep), 0.0)
         if fmt.symmetric:
-            amax = tf.reduce_max(tf.abs(x), axis=axes, keepdims=keep)
-            scale = tf.maximum(tf.cast(amax, tf.float64) / float(hi), fmt.min_scale)
-            zero = tf.zeros_like(scale)
+            scale = tf.maximum(_div_f32(tf.maximum(-mn, mx), half_range), eps)
+            zero = tf.zeros_like(scale, tf.float64)
         else:
-            xmin = tf.cast(tf.minimum(tf.reduce_min(x, axis=axes, keepdims=keep), 0.0), tf.float64)
-            xmax = tf.cast(tf.maximum(tf.reduce_max(x, axis=axes, keepdims=keep), 0.0), tf.float64)
-            scale = tf.maximum((xmax - xmin) / float(hi - lo), fmt.min_scale)
-            zero = tf.clip_by_value(tf.math.round(lo - xmin / scale), float(lo), float(hi))
-        y = _round(x64 / scale, fmt.rounding) + zero
+            scale = tf.maximum(_div_f32(mx - mn, half_range), eps)
+            zero = tf.clip_by_value(lo - tf.cast(tf.math.round(mn / scale), tf.float64),
+                                    float(lo), float(hi))
+        inv = tf.constant(1.0, tf.float32) / scale
+        if how == "fused":
+            p = tf.cast(x, tf.float64) * tf.cast(inv, tf.float64)  # exact
+            y = tf.math.round(_fused_f32(p, zero))
+        elif how == "float32":  # float32(t + z) rounded once, in float64: XLA would fuse a
+            # float32 ``x * inv + z`` into one multiply-add (and sees through casts and bitcasts)
+            z32 = tf.cast(tf.cast(zero, tf.float32), tf.float64)  # torch adds float32(z)
+            y = tf.math.round(_fused_f32(tf.cast(x * inv, tf.float64), z32))
+        else:
+            y = _round(x * inv, fmt.rounding)
+            if not fmt.symmetric:
+                y = y + tf.cast(zero, tf.float32) if narrow else tf.cast(y, tf.float64) + zero
+        if not narrow:
+            y = tf.cast(y, tf.float64)
         y = tf.where(tf.math.is_nan(y), tf.zeros_like(y), y)
         codes = tf.cast(tf.clip_by_value(y, float(lo), float(hi)), word) + offset
         words = _apply_fault(codes, mask, fault)
@@ -125,8 +165,10 @@ def int_quant_fault(fmt: IntQuant, fault: FaultModel, axis: int | None) -> Fault
             stored = _sign_extend(words, fmt.bits)
         else:
             stored = tf.bitwise.bitwise_and(words, tf.constant(fmt.word_mask, word))
+        if narrow:  # (q - z) * s in float32: one rounding of the exact product
+            return (tf.cast(stored - offset, tf.float32) - tf.cast(zero, tf.float32)) * scale
         q = tf.cast(stored - offset, tf.float64) - zero  # integers: exact in float64
-        return tf.cast(q * scale, tf.float32)
+        return tf.cast(q * tf.cast(scale, tf.float64), tf.float32)
 
     return run
 

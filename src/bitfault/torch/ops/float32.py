@@ -18,13 +18,14 @@ import torch
 
 from bitfault.faults import FaultModel
 from bitfault.formats import FixedPoint, IntQuant
+from bitfault.formats.intquant import calibrate_f32
 from bitfault.torch.ops.generic import (
     apply_fault,
     apply_fault_,
-    calibrate,
     sign_extend,
     sign_extend32,
 )
+from bitfault.torch.ops.intquant import calibrate, fused_f32
 
 if TYPE_CHECKING:
     from bitfault.torch.seam import DeviceFaults
@@ -128,47 +129,39 @@ def faulty_float32_f32(x: torch.Tensor, fault: FaultModel, faults: DeviceFaults)
 
 def _host_calibration(x: torch.Tensor, fmt: IntQuant
                       ) -> tuple[float | torch.Tensor, int | torch.Tensor, bool]:
-    """``IntQuant.calibrate`` for a CPU tensor: the same float64 arithmetic, on the host.
+    """``IntQuant.calibrate`` for a CPU tensor: its extremes from one ``aminmax`` pass, then
+    the core's own float32 arithmetic (``calibrate_f32``) on them.
 
-    Returns (scale, zero, finite): Python numbers for one scale per tensor (Python
-    floats are IEEE doubles, ``round`` is half to even like ``np.rint``),
-    broadcastable tensors per channel.
+    Returns (scale, zero, finite): Python numbers (a float holding the float32 scale) for one
+    scale per tensor, broadcastable tensors per channel; finite is False for NaN or inf in
+    x, or a range float32 cannot scale.
     """
-    lo, hi = fmt.code_range
     dims = fmt.reduce_axes(x.ndim)
     if dims is None:
-        mn_t, mx_t = torch.aminmax(x)
-        mn, mx = mn_t.item(), mx_t.item()
-        if not (math.isfinite(mn) and math.isfinite(mx)):
-            return 1.0, 0, False
-        if fmt.symmetric:
-            scale, zero = max(max(-mn, mx) / hi, fmt.min_scale), 0
-        else:
-            xmin, xmax = min(mn, 0.0), max(mx, 0.0)
-            scale = max((xmax - xmin) / (hi - lo), fmt.min_scale)
-            zero = min(max(round(lo - xmin / scale), lo), hi)
-        return scale, zero, True
-    axis = next(d for d in range(x.ndim) if d not in dims)
-    mn_t, mx_t = torch.aminmax(x.movedim(axis, 0).reshape(x.shape[axis], -1), dim=1)
-    mn, mx = mn_t.numpy().astype(np.float64), mx_t.numpy().astype(np.float64)
-    if not (np.isfinite(mn).all() and np.isfinite(mx).all()):
-        return 1.0, 0, False
-    if fmt.symmetric:  # the core's formulas, on the per-channel extremes
-        scale = np.maximum(np.maximum(-mn, mx) / hi, fmt.min_scale)
-        zero = np.zeros_like(scale, dtype=np.int64)
+        ext = np.stack([t.numpy() for t in torch.aminmax(x)]).reshape(2)
+        axes, axis = None, None
     else:
-        xmin, xmax = np.minimum(mn, 0.0), np.maximum(mx, 0.0)
-        scale = np.maximum((xmax - xmin) / (hi - lo), fmt.min_scale)
-        zero = np.clip(np.rint(lo - xmin / scale), lo, hi).astype(np.int64)
+        axis = next(d for d in range(x.ndim) if d not in dims)
+        mn, mx = torch.aminmax(x.movedim(axis, 0).reshape(x.shape[axis], -1), dim=1)
+        ext, axes = np.stack([mn.numpy(), mx.numpy()], axis=1), (1,)
+    if not np.isfinite(ext).all():
+        return 1.0, 0, False
+    try:
+        params = calibrate_f32(fmt, ext, axes)
+    except ValueError:  # a range wider than float32 can scale
+        return 1.0, 0, False
+    if axis is None:
+        return float(params.scale), int(params.zero_point), True
     shape = [1] * x.ndim
     shape[axis] = x.shape[axis]
-    scale = scale.reshape(shape)
-    return torch.from_numpy(scale), torch.from_numpy(zero.reshape(shape)), True
+    return (torch.from_numpy(params.scale.reshape(shape)),
+            torch.from_numpy(params.zero_point.reshape(shape)), True)
 
 
 def _fault_codes_(y: torch.Tensor, fmt: IntQuant, fault: FaultModel,
                   faults: DeviceFaults) -> None:
-    """Replace the codes (float64, flat ``y``) at the faulty elements by their faulted codes."""
+    """Replace the codes (integers in float ``y``, flat) at the faulty elements by their
+    faulted codes."""
     index = faults.index
     codes = y.index_select(0, index)
     container = _CONTAINERS.get(fmt.bits)
@@ -176,28 +169,59 @@ def _fault_codes_(y: torch.Tensor, fmt: IntQuant, fault: FaultModel,
         # the stored word is the code's two's complement in a container of exactly
         # ``bits``: the wrapping cast is the sign extension
         words = apply_fault_(codes.to(container), faults.masks_as(container), fault)
-        y.scatter_(0, index, words.to(torch.float64))
+        y.scatter_(0, index, words.to(y.dtype))
         return
     words = (codes.to(torch.int64) + fmt.code_offset) & fmt.word_mask
     stored = apply_fault(words, faults.masks, fault)
     stored = sign_extend(stored, fmt.bits) if fmt.codes == "signed" else stored & fmt.word_mask
-    y.scatter_(0, index, (stored - fmt.code_offset).to(torch.float64))
+    y.scatter_(0, index, (stored - fmt.code_offset).to(y.dtype))
+
+
+def _codes_into(part: torch.Tensor, x: torch.Tensor, fmt: IntQuant,
+                scale: float | torch.Tensor, zero: int | torch.Tensor) -> None:
+    """``part`` = the unclamped codes of float32 ``x`` (``IntQuant.encode``'s arithmetic)."""
+    inv = np.float32(1) / np.float32(scale) if isinstance(scale, float) \
+        else torch.div(torch.ones((), dtype=torch.float32, device=x.device), scale)
+    inv = float(inv) if isinstance(inv, np.floating) else inv  # a float32 value, exactly
+    how = fmt.zero_point_add
+    if how == "fused":  # float64 ``part``: the exact product, rounded once with z
+        part.copy_(x).mul_(inv)
+        z = torch.as_tensor(zero, dtype=torch.int64, device=x.device)
+        part.copy_(fused_f32(part, z)).round_()
+        return
+    t = part if part.dtype == torch.float32 else torch.empty_like(x)
+    torch.mul(x, inv, out=t)
+    if how == "float32":
+        t.add_(zero if isinstance(zero, int) else zero.to(torch.float32))
+    if fmt.rounding == "nearest":
+        t.round_()
+    else:
+        t.trunc_()
+    if t is not part:
+        part.copy_(t)
+    if how == "after" and not fmt.symmetric:
+        part.add_(zero)
 
 
 def faulty_int_quant_f32(xs: Sequence[torch.Tensor], fmt: IntQuant, fault: FaultModel,
                          faults: DeviceFaults, buffers: dict | None = None
                          ) -> list[torch.Tensor]:
-    """IntQuant on float32 tensors, in float64 as the core computes it, as one flat pass.
+    """IntQuant on float32 tensors, in the core's float32 arithmetic, as one flat pass.
 
-    Per tensor (its own scale ``s`` and zero point ``z``): ``y = round(x / s) + z``,
-    clamped, is every element's code. The faulty elements' codes are faulted as
-    words and written back into ``y``; then ``(y - z) * s`` decodes all at once.
+    Per tensor (its own scale ``s`` and zero point ``z``): ``t = x * float32(1 / s)``
+    rounded (the zero point added as ``fmt.zero_point_add`` says), clamped, is every
+    element's code. The faulty elements' codes are faulted as words and written back;
+    then ``(t - z) * s`` decodes all at once, one rounding: in float32 (exact integers
+    up to 24 bits), or in float64 where codes are wider or the zero point is fused.
     A tensor with NaN or inf comes out all NaN.
     """
     lo, hi = fmt.code_range
     dev = xs[0].device
     on_cpu = dev.type == "cpu"
-    y = _scratch(buffers, sum(faults.sizes), torch.float64, dev)
+    wide = fmt.bits > 24 or fmt.zero_point_add == "fused"
+    n = sum(faults.sizes)  # float32 codes become the output: never kept scratch
+    y = _scratch(buffers, n, torch.float64, dev) if wide else \
+        torch.empty(n, dtype=torch.float32, device=dev)
     parts, calibs, poisoned = [], [], []
     clamp = not fmt.symmetric or not on_cpu
     for i, x in enumerate(xs):
@@ -216,30 +240,22 @@ def faulty_int_quant_f32(xs: Sequence[torch.Tensor], fmt: IntQuant, fault: Fault
             c = calibrate(x, fmt)
             scale, zero = c.scale, c.zero
             calibs.append((scale, zero, c.finite))
-        part.copy_(x)
-        if fmt.rounding == "trunc":
-            torch.div(part, scale, rounding_mode="trunc", out=part)
-        else:
-            part.div_(scale)
-        if not fmt.symmetric:  # round first, then add z, as the core does
-            if fmt.rounding == "nearest":
-                part.round_()
-            part.add_(zero)
-    if fmt.rounding == "nearest" and fmt.symmetric:
-        y.round_()
-    if clamp:  # symmetric and finite: |round(x / s)| <= hi already
+        _codes_into(part, x, fmt, scale, zero)
+    if clamp:  # symmetric and finite: |rint(x * (1 / s))| <= hi already
         y.clamp_(lo, hi).nan_to_num_(0.0)
     if faults.index.numel():
         _fault_codes_(y, fmt, fault, faults)
-    zero64 = _zero(dev, torch.float64)
+    zero_y = _zero(dev, y.dtype)
     for part, (scale, zero, _) in zip(parts, calibs, strict=True):
+        if wide and not isinstance(scale, float):
+            scale = scale.to(torch.float64)
         if not fmt.symmetric:
-            part.sub_(zero).mul_(scale)  # a code minus z is an exact integer: never -0.0
+            part.add_(-zero).mul_(scale)  # t + (-z): exact, and -0.0 + 0 is +0.0
         elif isinstance(scale, float):
-            torch.add(zero64, part, alpha=scale, out=part)  # -0.0 -> +0.0
+            torch.add(zero_y, part, alpha=scale, out=part)  # -0.0 -> +0.0
         else:
             part.mul_(scale).add_(0.0)  # round() leaves -0.0 where code 0 decodes to +0.0
-    out = y.to(torch.float32)
+    out = y.to(torch.float32) if wide else y
     outs = []
     for i, (x, (_, _, finite)) in enumerate(zip(xs, calibs, strict=True)):
         o = out[faults.offsets[i]:faults.offsets[i] + faults.sizes[i]].view(x.shape)

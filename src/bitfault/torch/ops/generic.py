@@ -1,7 +1,8 @@
 """Encode -> fault -> decode in generic tensor ops: every format, overflow policy and float
 dtype, bit for bit what ``bitfault.inject`` does.
 
-The core's pipeline written in float64/int64 tensor ops. Words are int64 tensors holding
+The core's pipeline written in float64/int64 tensor ops (IntQuant's float32 arithmetic in
+``ops.intquant``). Words are int64 tensors holding
 the stored bit pattern in their low ``fmt.bits`` bits; a fault is one ``xor``/``and``/``or``
 with the mask, which touches only those bits, so the container width never matters.
 
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -25,6 +25,7 @@ import torch
 from bitfault.faults import BitFlip, FaultModel, StuckAt
 from bitfault.formats import FixedPoint, Float, Format, IntQuant
 from bitfault.formats.minifloat import MiniFloat
+from bitfault.torch.ops.intquant import Calibration, calibrate, codes
 
 _F16_EXP = 0x7C00
 _F32_EXP = 0x7F800000
@@ -179,45 +180,6 @@ def apply_fault(words: torch.Tensor, masks: torch.Tensor, fault: FaultModel) -> 
 
 # ---- the pipeline ------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class Calibration:
-    """IntQuant scale (float64) and zero point (int64), shaped to broadcast against x."""
-
-    scale: torch.Tensor
-    zero: torch.Tensor
-    finite: torch.Tensor  # 0-dim bool: the clean tensor had no NaN or inf
-
-
-def calibrate(x: torch.Tensor, fmt: IntQuant) -> Calibration:
-    """``IntQuant.calibrate`` in float64 on x's device (non-finite input: see ``finite``)."""
-    lo, hi = fmt.code_range
-    dims = fmt.reduce_axes(x.ndim)  # raises ValueError for an axis out of range
-    dev = x.device
-    if x.numel() == 0:
-        return Calibration(torch.ones((), dtype=torch.float64, device=dev),
-                           torch.zeros((), dtype=torch.int64, device=dev),
-                           torch.ones((), dtype=torch.bool, device=dev))
-    if dims is None:
-        mn, mx = torch.aminmax(x)
-    else:
-        axis = next(d for d in range(x.ndim) if d not in dims)
-        mn, mx = torch.aminmax(x.movedim(axis, 0).reshape(x.shape[axis], -1), dim=1)
-        shape = [1] * x.ndim
-        shape[axis] = x.shape[axis]
-        mn, mx = mn.reshape(shape), mx.reshape(shape)
-    mn, mx = mn.to(torch.float64), mx.to(torch.float64)
-    finite = torch.isfinite(mn).all() & torch.isfinite(mx).all()
-    if fmt.symmetric:
-        scale = torch.clamp(torch.maximum(mn.neg(), mx) / hi, min=fmt.min_scale)
-        zero = torch.zeros_like(scale, dtype=torch.int64)
-    else:
-        xmin = torch.clamp(mn, max=0.0)
-        xmax = torch.clamp(mx, min=0.0)
-        scale = torch.clamp((xmax - xmin) / (hi - lo), min=fmt.min_scale)
-        zero = torch.round(lo - xmin / scale).clamp_(lo, hi).to(torch.int64)
-    return Calibration(scale, zero, finite)
-
-
 def _round(y: torch.Tensor, rounding: str) -> torch.Tensor:
     if rounding == "nearest":
         return torch.round(y)  # half to even, as np.rint
@@ -317,10 +279,9 @@ def encode(x: torch.Tensor, fmt: Format, calib: Calibration | None = None) -> to
     if isinstance(fmt, IntQuant):
         if calib is None:
             raise ValueError("IntQuant needs a calibration (scale and zero point)")
-        y = _round(x.to(torch.float64) / calib.scale, fmt.rounding) + calib.zero
         lo, hi = fmt.code_range
-        codes = _to_int_range(y, lo, hi, "saturate", x, "IntQuant")
-        return (codes + fmt.code_offset) & fmt.word_mask
+        q = _to_int_range(codes(x, fmt, calib), lo, hi, "saturate", x, "IntQuant")
+        return (q + fmt.code_offset) & fmt.word_mask
     if isinstance(fmt, Float) and fmt.codec is not None:
         return encode_small_float(x, fmt)
     if isinstance(fmt, Float):
@@ -347,8 +308,8 @@ def decode(words: torch.Tensor, fmt: Format, calib: Calibration | None, dtype: t
             raise ValueError("IntQuant needs a calibration (scale and zero point)")
         low = words & fmt.word_mask
         stored = sign_extend(low, fmt.bits) if fmt.codes == "signed" else low
-        q = stored - fmt.code_offset - calib.zero
-        return f64_to(q.to(torch.float64) * calib.scale, dtype)
+        q = stored - fmt.code_offset - calib.zero  # (q - z) * s rounded once, as the core
+        return f64_to(q.to(torch.float64) * calib.scale.to(torch.float64), dtype)
     if isinstance(fmt, Float) and fmt.codec is not None:
         return decode_small_float(words, fmt, dtype)
     if isinstance(fmt, Float):
@@ -371,9 +332,8 @@ def faulty_generic(x: torch.Tensor, fmt: Format, fault: FaultModel, index: torch
     """
     calib = calibrate(x, fmt) if isinstance(fmt, IntQuant) else None
     if calib is not None and strict and not bool(calib.finite):
-        index_, value = _first_bad(~torch.isfinite(x), x)
-        raise ValueError(f"IntQuant: value {value!r} at index {index_} is not finite; "
-                         "a scale cannot be computed from NaN or inf")
+        fmt.calibrate(x.detach().cpu().numpy())  # raises the core's error, word for word
+        raise AssertionError("IntQuant: a calibration the core accepts came out non-finite")
     words = encode(x, fmt, calib)
     flat = words.reshape(-1)
     if index.numel():

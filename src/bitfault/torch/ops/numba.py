@@ -1,7 +1,7 @@
 """One-pass encode -> fault -> decode for float32 tensors on the CPU, compiled with Numba.
 
 Eager PyTorch runs the float32 fast paths (``ops.float32``) as three to six separate
-passes over the weights (round, check, decode; IntQuant in float64 adds conversions).
+passes over the weights (round, check, decode).
 A fault-aware MLP step at batch 100 spends as long on those passes as on its matmuls.
 These kernels do the same arithmetic, in the same precision and order, element by
 element in one loop: each weight is read once and its decoded value written once; then
@@ -28,7 +28,8 @@ from bitfault.faults import BitFlip, FaultModel, StuckAt
 from bitfault.formats import FixedPoint, IntQuant
 from bitfault.maps import FaultMap
 
-_MIN_SCALE = IntQuant.min_scale  # a global: a compile-time constant in the kernel
+_MIN_SCALE32 = np.float32(IntQuant.min_scale)  # a global: a compile-time constant in the kernel
+_HOW = {"after": 0, "fused": 1, "float32": 2}
 
 
 def fault_op(fault: FaultModel) -> int:
@@ -86,25 +87,60 @@ def _sortable(bits: int) -> int:  # pragma: no cover (compiled)
     return bits ^ ((bits >> 31) & 0x7FFFFFFF)
 
 
-def _int_code(v, s, z, nearest, lo, hi):  # pragma: no cover (compiled)
-    """An element's code as a float64: ``round(v / s) + z`` clamped to [lo, hi]."""
-    q = np.float64(v) / s
-    y = (np.rint(q) if nearest else np.trunc(q)) + z
+def _fused(p, z):  # pragma: no cover (compiled)
+    """float32(p + z) with one rounding: the float64 sum rounded to odd (TwoSum's error)."""
+    s = p + z
+    bb = s - p
+    err = (p - (s - bb)) + (z - bb)
+    if err != 0 and math.isfinite(s):
+        bits = np.array([s]).view(np.int64)[0]
+        if bits & 1 == 0:
+            s = np.nextafter(s, np.inf if err > 0 else -np.inf)
+    return np.float32(s)
+
+
+def _int_code(v, inv, z, how, nearest, lo, hi):  # pragma: no cover (compiled)
+    """An element's code (a float32 integer, or float64 past 24 bits), clamped to [lo, hi]:
+    ``t = v * inv`` in float32, the zero point added by ``how`` (0 after rounding, 1 fused
+    into the product's rounding, 2 in float32 before rounding; see
+    ``IntQuant.zero_point_add``). NaN -> 0."""
+    t = v * inv
+    if how == 1:
+        y = np.float64(np.rint(_fused(np.float64(v) * np.float64(inv), z)))
+    elif how == 2:
+        y = np.float64(np.rint(t + np.float32(z)))
+    else:
+        y = np.float64(np.rint(t) if nearest else np.trunc(t)) + z
     if y < lo:
         y = lo
     if y > hi:
         y = hi
+    if y != y:
+        y = 0.0
     return y
 
 
-def _int_quant_kernel(x, out, channels, index, masks, op, nearest, symmetric, lo, hi, offset,
-                      word_mask, shift, signed):  # pragma: no cover (compiled)
+def _calibrate(mn, mx, symmetric, lo, hi):  # pragma: no cover (compiled)
+    """``calibrate_f32`` on one channel's float32 extremes: (scale, zero), or scale 0 when
+    float32 cannot scale the range."""
+    mn = min(mn, np.float32(0.0))
+    mx = max(mx, np.float32(0.0))
+    if symmetric:
+        return max(max(-mn, mx) / np.float32((hi - lo) / 2), _MIN_SCALE32), 0.0
+    scale = max((mx - mn) / np.float32(hi - lo), _MIN_SCALE32)
+    if not math.isfinite(scale):
+        return np.float32(0.0), 0.0
+    return scale, min(max(lo - np.float64(np.rint(mn / scale)), lo), hi)
+
+
+def _int_quant_kernel(x, out, channels, index, masks, op, nearest, symmetric, how, lo, hi,
+                      offset, word_mask, shift, signed):  # pragma: no cover (compiled)
     """Calibrate (per channel, or one channel), quantise, fault, decode. False, with ``out``
-    untouched, when ``x`` holds NaN or inf."""
+    untouched, when ``x`` holds NaN or inf (or a range float32 cannot scale)."""
     inner = x.size // channels
     keys = x.view(np.int32)
     pos_inf, neg_inf = _sortable(0x7F800000), _sortable(-0x800000)
-    scales = np.empty(channels)
+    scales = np.empty(channels, np.float32)
     zeros = np.empty(channels)
     extremes = np.zeros(2, np.int32)  # the bits of one channel's min and max
     for c in range(channels):  # min and max through integer keys: one vectorised pass
@@ -118,47 +154,53 @@ def _int_quant_kernel(x, out, channels, index, masks, op, nearest, symmetric, lo
             return False
         if inner:
             extremes[0], extremes[1] = _sortable(kmin), _sortable(kmax)  # an involution
-        mn, mx = np.float64(extremes.view(np.float32)[0]), np.float64(extremes.view(np.float32)[1])
-        if symmetric:
-            scale = max(max(-mn, mx) / hi, _MIN_SCALE)
-            zero = 0.0
-        else:
-            xmin, xmax = min(mn, 0.0), max(mx, 0.0)
-            scale = max((xmax - xmin) / (hi - lo), _MIN_SCALE)
-            zero = min(max(np.rint(lo - xmin / scale), lo), hi)
+        ext = extremes.view(np.float32)
+        scale, zero = _calibrate(ext[0], ext[1], symmetric, lo, hi)
+        if scale == 0:
+            return False
         scales[c] = scale
         zeros[c] = zero
+    narrow = hi - lo < 2.0**24  # codes and code - z exact in float32: decode in float32
     for c in range(channels):
         s = scales[c]
+        inv = np.float32(1.0) / s
         z = zeros[c]
+        z32 = np.float32(z)
         xc, oc = x[c * inner:(c + 1) * inner], out[c * inner:(c + 1) * inner]
-        for i in range(inner):
-            y = _int_code(xc[i], s, z, nearest, lo, hi)
-            oc[i] = np.float32((y - z) * s + 0.0)  # -0.0 -> +0.0, as the core's codes
+        if narrow:
+            for i in range(inner):
+                y = np.float32(_int_code(xc[i], inv, z, how, nearest, lo, hi))
+                oc[i] = (y - z32) * s + np.float32(0.0)  # -0.0 -> +0.0, as the core's codes
+        else:
+            for i in range(inner):
+                y = _int_code(xc[i], inv, z, how, nearest, lo, hi)
+                oc[i] = np.float32((y - z) * np.float64(s) + 0.0)
     for k in range(index.size):
         j = index[k]
         c = j // inner
         s = scales[c]
-        y = _int_code(x[j], s, zeros[c], nearest, lo, hi)
+        y = _int_code(x[j], np.float32(1.0) / s, zeros[c], how, nearest, lo, hi)
         stored = _fault_word((np.int64(y) + offset) & word_mask, masks[k], op)
         if signed:
             stored = (stored << shift) >> shift
         else:
             stored = stored & word_mask
-        out[j] = np.float32(np.float64(stored - offset - np.int64(zeros[c])) * s)
+        out[j] = np.float32(np.float64(stored - offset - np.int64(zeros[c])) * np.float64(s))
     return True
 
 
 @functools.cache
 def _kernels() -> dict[str, Callable]:
     """Compile on first use: the helpers first (inlined, so the loops still vectorise)."""
-    global _fault_word, _sortable, _fixed_code, _int_code
+    global _fault_word, _sortable, _fixed_code, _fused, _int_code, _calibrate
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Numba's notes on caching
         _fault_word = _jit(_fault_word, inline="always")
         _sortable = _jit(_sortable, inline="always")
         _fixed_code = _jit(_fixed_code, inline="always")
+        _fused = _jit(_fused)
         _int_code = _jit(_int_code, inline="always")
+        _calibrate = _jit(_calibrate, inline="always")
         return {"fixed": _jit(_fixed_point_kernel), "int": _jit(_int_quant_kernel)}
 
 
@@ -172,7 +214,7 @@ def bind(fmt: FixedPoint | IntQuant, fault: FaultModel, index: np.ndarray, masks
     ``index``: flat int64 positions of the faulty elements; ``masks``: their int64 bit masks
     (already restricted to the eligible bits). FixedPoint needs overflow "saturate";
     IntQuant takes its scale and zero point from ``x`` (one, or one per slice along axis 0
-    of the tensor's ``shape``; float64 arithmetic as the core's).
+    of the tensor's ``shape``; float32 arithmetic as the core's).
     """
     op, nearest, shift = fault_op(fault), fmt.rounding == "nearest", 64 - fmt.bits
     lo, hi = fmt.code_range
@@ -188,8 +230,8 @@ def bind(fmt: FixedPoint | IntQuant, fault: FaultModel, index: np.ndarray, masks
         return fixed_point
     kernel = _kernels()["int"]
     channels = shape[0] if fmt.axis is not None and shape else 1
-    consts = (op, nearest, fmt.symmetric, float(lo), float(hi), fmt.code_offset, fmt.word_mask,
-              shift, fmt.codes == "signed")
+    consts = (op, nearest, fmt.symmetric, _HOW[fmt.zero_point_add], float(lo), float(hi),
+              fmt.code_offset, fmt.word_mask, shift, fmt.codes == "signed")
 
     def int_quant(x: np.ndarray, out: np.ndarray) -> bool:
         if x.size and not kernel(x, out, channels, index, masks, *consts):
