@@ -1,0 +1,272 @@
+"""Protection codes on memory words: none, even parity, SEC-DED (extended Hamming).
+
+A memory word holds ``data_bits`` data bits (8..64, in a NumPy ``uint64``) and
+``check_bits(data_bits)`` check bits (another ``uint64``, check bit ``j`` at bit ``j``).
+``encode`` computes the check bits of clean words; ``decode`` takes the received data and
+check bits and returns the decoded data and a status per word: ``OK`` (0), ``CORRECTED``
+(1) or ``DUE`` (2, detected but uncorrectable). What happens to a detected word is the
+scheme's ``policy``: ``"flag"`` keeps the received data (the trial counts a DUE),
+``"zero"`` makes the data word 0.
+
+SEC-DED is the textbook extended Hamming code: Hamming(2^r - 1) shortened to the data
+width plus an overall parity bit, (13,8), (22,16), (39,32), (72,64). In the 1-based
+codeword, Hamming check bit ``i`` sits at position ``2^i`` and the data bits, LSB first,
+fill the other positions in order; check bit ``i`` is the even parity of the positions
+with bit ``i`` set, and the overall parity bit (check bit ``r``) covers everything. The
+decoder computes the real syndrome, so a triple error is miscorrected exactly as a
+hardware decoder would (and reported ``CORRECTED``): a syndrome with odd overall parity
+corrects the position it names, one with even overall parity is a DUE, and a syndrome
+naming a position the shortened code lacks is a DUE.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from bitfault.errors import ArgumentError, ArgumentTypeError, check_choice, check_int
+
+OK, CORRECTED, DUE = 0, 1, 2
+POLICIES = ("flag", "zero")
+MIN_DATA_BITS, MAX_DATA_BITS = 8, 64
+_ONE = np.uint64(1)
+
+
+def _data_bits(data_bits: Any) -> int:
+    return check_int(data_bits, "data_bits", MIN_DATA_BITS, MAX_DATA_BITS)
+
+
+def _low(bits: int) -> np.uint64:
+    """The mask of the ``bits`` low bits (1..64) as a uint64."""
+    return np.uint64((1 << bits) - 1)
+
+
+def _words(values: Any, argument: str, bits: int) -> np.ndarray:
+    """``values`` as a uint64 array whose words fit in ``bits`` bits; else ArgumentError."""
+    arr = np.asarray(values)
+    if arr.dtype.kind not in "iu":
+        raise ArgumentTypeError(argument, values, "an integer array",
+                                tail=f", got dtype {arr.dtype}")
+    if arr.dtype.kind == "i" and arr.size and int(arr.min()) < 0:
+        raise ArgumentError(argument, values, f"unsigned words of {bits} bits",
+                            tail=", got negative values")
+    arr = arr.astype(np.uint64, copy=False)
+    if bits < 64 and arr.size and int(arr.max()) >> bits:
+        raise ArgumentError(argument, values, f"words of at most {bits} bits",
+                            tail=f", got {int(arr.max()):#x}")
+    return arr
+
+
+def parity(words: np.ndarray) -> np.ndarray:
+    """The even parity (0 or 1, uint64) of each uint64 word."""
+    return (np.bitwise_count(words) & np.uint8(1)).astype(np.uint64)
+
+
+def _apply_policy(data: np.ndarray, status: np.ndarray, policy: str) -> np.ndarray:
+    if policy == "zero":
+        data = np.where(status == DUE, np.uint64(0), data)
+    return data
+
+
+def _policy(policy: Any) -> str:
+    return check_choice(policy, POLICIES, "policy")
+
+
+class _Scheme:
+    """What every scheme shares: its overhead and its dict form."""
+
+    kind: ClassVar[str]
+
+    def check_bits(self, data_bits: int) -> int:
+        raise NotImplementedError
+
+    def overhead(self, data_bits: int) -> float:
+        """Check bits per data bit (storage overhead): 7/32 for SEC-DED (39,32)."""
+        return self.check_bits(data_bits) / _data_bits(data_bits)
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"kind": ...}`` plus the policy of a scheme that detects."""
+        policy = getattr(self, "policy", None)
+        return {"kind": self.kind} if policy is None else {"kind": self.kind, "policy": policy}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | str) -> Protection:
+        """The scheme ``to_dict`` wrote (of any kind: ``protection_from_dict``)."""
+        return protection_from_dict(d)
+
+
+@dataclass(frozen=True)
+class NoProtection(_Scheme):
+    """No check bits: every fault reaches the data, nothing is detected."""
+
+    kind: ClassVar[str] = "none"
+
+    def check_bits(self, data_bits: int) -> int:
+        """0: no check bit is stored."""
+        _data_bits(data_bits)
+        return 0
+
+
+    def encode(self, data: Any, data_bits: int) -> np.ndarray:
+        """Zero check words, one per data word."""
+        d = _words(data, "data", _data_bits(data_bits))
+        return np.zeros(d.shape, np.uint64)
+
+    def decode(self, data: Any, check: Any, data_bits: int) -> tuple[np.ndarray, np.ndarray]:
+        """The received data as is, every status ``OK``."""
+        d = _words(data, "data", _data_bits(data_bits))
+        return d.copy(), np.zeros(d.shape, np.uint8)
+
+
+
+@dataclass(frozen=True)
+class Parity(_Scheme):
+    """One even-parity bit per word: detects every odd-weight error, misses every even one."""
+
+    policy: str = "flag"
+    kind: ClassVar[str] = "parity"
+
+    def __post_init__(self) -> None:
+        _policy(self.policy)
+
+    def check_bits(self, data_bits: int) -> int:
+        """1: the parity bit."""
+        _data_bits(data_bits)
+        return 1
+
+
+    def encode(self, data: Any, data_bits: int) -> np.ndarray:
+        """The parity bit of each data word (the stored word then has even weight)."""
+        return parity(_words(data, "data", _data_bits(data_bits)))
+
+    def decode(self, data: Any, check: Any, data_bits: int) -> tuple[np.ndarray, np.ndarray]:
+        """``DUE`` where the received word has odd weight; the data is never changed but
+        by the ``"zero"`` policy."""
+        bits = _data_bits(data_bits)
+        d = _words(data, "data", bits)
+        c = _words(check, "check", 1)
+        if c.shape != d.shape:
+            raise ArgumentError("check", check, f"one check word per data word ({d.shape})",
+                                tail=f", got shape {c.shape}")
+        status = np.where(parity(d) ^ c, DUE, OK).astype(np.uint8)
+        return _apply_policy(d.copy(), status, self.policy), status
+
+
+
+@dataclass(frozen=True)
+class _Hamming:
+    """The tables of one SEC-DED code: check bits, data masks, syndrome -> data bit."""
+
+    r: int
+    masks: tuple[np.uint64, ...]  # masks[i]: the data bits check bit i covers
+    data_of: np.ndarray  # syndrome -> data bit; -1: a check bit (0: the parity); -2: none
+
+
+_HAMMING: dict[int, _Hamming] = {}
+
+
+def hamming_positions(data_bits: int) -> tuple[int, list[int]]:
+    """``r`` and the 1-based codeword position of each data bit (LSB first)."""
+    r = 0
+    while (1 << r) < data_bits + r + 1:
+        r += 1
+    positions = [p for p in range(1, data_bits + r + 1) if p & (p - 1)]
+    return r, positions
+
+
+def _hamming(data_bits: int) -> _Hamming:
+    code = _HAMMING.get(data_bits)
+    if code is None:
+        r, positions = hamming_positions(data_bits)
+        masks = tuple(np.uint64(sum(1 << j for j, p in enumerate(positions) if p >> i & 1))
+                      for i in range(r))
+        data_of = np.full(1 << r, -2, np.int64)
+        data_of[[0, *(1 << i for i in range(r))]] = -1  # 0: the overall parity bit
+        data_of[positions] = np.arange(data_bits)
+        code = _HAMMING[data_bits] = _Hamming(r, masks, data_of)
+    return code
+
+
+def _syndrome(code: _Hamming, data: np.ndarray) -> np.ndarray:
+    """The Hamming check bits of ``data`` (bit ``i`` = check bit ``i``)."""
+    out = np.zeros(data.shape, np.uint64)
+    for i, mask in enumerate(code.masks):
+        out |= parity(data & mask) << np.uint64(i)
+    return out
+
+
+@dataclass(frozen=True)
+class SecDed(_Scheme):
+    """Single-error-correcting, double-error-detecting extended Hamming code.
+
+    Check bits ``0..r-1`` are the Hamming check bits (codeword positions 1, 2, 4, ...),
+    check bit ``r`` the overall parity: (39,32) stores 7 check bits, (72,64) 8.
+    """
+
+    policy: str = "flag"
+    kind: ClassVar[str] = "secded"
+
+    def __post_init__(self) -> None:
+        _policy(self.policy)
+
+    def check_bits(self, data_bits: int) -> int:
+        """``r + 1``: the Hamming check bits and the overall parity bit."""
+        return _hamming(_data_bits(data_bits)).r + 1
+
+
+    def encode(self, data: Any, data_bits: int) -> np.ndarray:
+        """The check bits of each data word."""
+        bits = _data_bits(data_bits)
+        d = _words(data, "data", bits)
+        code = _hamming(bits)
+        hamming = _syndrome(code, d)
+        return hamming | ((parity(d) ^ parity(hamming)) << np.uint64(code.r))
+
+    def decode(self, data: Any, check: Any, data_bits: int) -> tuple[np.ndarray, np.ndarray]:
+        """Syndrome decoding: a single error corrected, a double one a ``DUE``, three or
+        more whatever the syndrome says (possibly a miscorrection, reported ``CORRECTED``)."""
+        bits = _data_bits(data_bits)
+        code = _hamming(bits)
+        d = _words(data, "data", bits)
+        c = _words(check, "check", code.r + 1)
+        if c.shape != d.shape:
+            raise ArgumentError("check", check, f"one check word per data word ({d.shape})",
+                                tail=f", got shape {c.shape}")
+        syndrome = _syndrome(code, d) ^ (c & _low(code.r))
+        odd = (parity(d) ^ parity(c)).astype(bool)
+        target = code.data_of[syndrome.astype(np.int64)]
+        status = np.full(d.shape, OK, np.uint8)
+        status[odd] = CORRECTED  # a single error: in a data bit, a check bit or the parity
+        status[odd & (target == -2)] = DUE  # the syndrome names no position of the code
+        status[~odd & (syndrome != 0)] = DUE  # an even number of errors
+        fix = odd & (target >= 0)
+        out = d.copy()
+        out[fix] ^= _ONE << target[fix].astype(np.uint64)
+        return _apply_policy(out, status, self.policy), status
+
+
+
+Protection = NoProtection | Parity | SecDed
+SCHEMES: dict[str, type] = {"none": NoProtection, "parity": Parity, "secded": SecDed}
+
+
+def protection_from_dict(d: Mapping[str, Any] | str) -> Protection:
+    """A scheme from its ``to_dict`` form (or its kind name alone)."""
+    if isinstance(d, str):
+        d = {"kind": d}
+    if not isinstance(d, Mapping):
+        raise ArgumentTypeError("protection", d, "a mapping with a 'kind' or a kind name")
+    kind = check_choice(d.get("kind"), tuple(SCHEMES), "protection.kind")
+    keys = ("kind",) if kind == "none" else ("kind", "policy")
+    extra = sorted(set(d) - set(keys))
+    if extra:
+        raise ArgumentError("protection", dict(d), f"a mapping with keys {keys}",
+                            tail=f", got unknown keys {extra}")
+    return SCHEMES[kind](**{k: v for k, v in d.items() if k != "kind"})
+
+
+__all__ = ["CORRECTED", "DUE", "OK", "POLICIES", "SCHEMES", "NoProtection", "Parity",
+           "Protection", "SecDed", "hamming_positions", "parity", "protection_from_dict"]

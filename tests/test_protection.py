@@ -1,0 +1,284 @@
+"""Protection codes against an independent textbook reference written here with Python ints.
+
+The reference builds the extended Hamming codeword position by position (1-based, check
+bit i at position 2^i, data bits LSB first at the other positions, the overall parity bit
+over everything) and decodes by XOR-ing the positions of the set bits (the syndrome).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from bitfault.errors import ArgumentError, ArgumentTypeError
+from bitfault.protection import (
+    CORRECTED,
+    DUE,
+    OK,
+    NoProtection,
+    Parity,
+    SecDed,
+    protection_from_dict,
+)
+
+WIDTHS = (8, 12, 16, 24, 32, 57, 64)
+
+
+# ---- the reference --------------------------------------------------------------------
+
+def ref_r(k: int) -> int:
+    r = 0
+    while 2 ** r < k + r + 1:
+        r += 1
+    return r
+
+
+def ref_codeword(d: int, k: int) -> dict[int, int]:
+    """Positions 1..n of the Hamming codeword of data ``d`` (``k`` bits), 0 for the overall."""
+    r = ref_r(k)
+    n = k + r
+    word = {}
+    data = iter(range(k))
+    for pos in range(1, n + 1):
+        word[pos] = 0 if pos in {2 ** i for i in range(r)} else (d >> next(data)) & 1
+    for i in range(r):
+        word[2 ** i] = sum(b for p, b in word.items() if p & 2 ** i) % 2
+    word[0] = sum(word.values()) % 2
+    return word
+
+
+def ref_encode(d: int, k: int) -> int:
+    """Check word: bit i = the check bit at position 2^i, bit r = the overall parity."""
+    r = ref_r(k)
+    word = ref_codeword(d, k)
+    return sum(word[2 ** i] << i for i in range(r)) | word[0] << r
+
+
+def ref_decode(d: int, c: int, k: int) -> tuple[int, int]:
+    """(data, status) from the received data and check words."""
+    r = ref_r(k)
+    n = k + r
+    checks = {2 ** i for i in range(r)}
+    data_pos = [p for p in range(1, n + 1) if p not in checks]
+    word = {p: (d >> j) & 1 for j, p in enumerate(data_pos)}
+    word.update({2 ** i: (c >> i) & 1 for i in range(r)})
+    word[0] = (c >> r) & 1
+    syndrome = 0
+    for p in range(1, n + 1):
+        if word[p]:
+            syndrome ^= p
+    overall = sum(word.values()) % 2
+    if syndrome == 0 and overall == 0:
+        status = OK
+    elif overall == 1 and syndrome == 0:
+        status = CORRECTED  # the overall parity bit itself
+    elif overall == 1 and syndrome <= n:
+        word[syndrome] ^= 1
+        status = CORRECTED
+    else:
+        status = DUE
+    out = sum(word[p] << j for j, p in enumerate(data_pos))
+    return out, status
+
+
+def random_words(k: int, count: int, seed: int) -> list[int]:
+    rng = np.random.default_rng(seed)
+    words = [int(x) >> (64 - k) for x in rng.integers(0, 2 ** 64, count, dtype=np.uint64)]
+    return [0, 2 ** k - 1, *words]
+
+
+def flip(d: int, c: int, k: int, positions: tuple[int, ...]) -> tuple[int, int]:
+    """Flip physical bits: 0..k-1 are data bits, k.. check bits."""
+    for p in positions:
+        if p < k:
+            d ^= 1 << p
+        else:
+            c ^= 1 << (p - k)
+    return d, c
+
+
+def decode_many(code, cases: list[tuple[int, int]], k: int) -> tuple[list[int], list[int]]:
+    d = np.array([x for x, _ in cases], np.uint64)
+    c = np.array([y for _, y in cases], np.uint64)
+    out, status = code.decode(d, c, k)
+    return [int(x) for x in out], [int(s) for s in status]
+
+
+# ---- SEC-DED ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("k", WIDTHS)
+def test_secded_encode_matches_reference(k: int) -> None:
+    words = random_words(k, 200, k)
+    got = SecDed().encode(np.array(words, np.uint64), k)
+    assert got.dtype == np.uint64
+    assert [int(x) for x in got] == [ref_encode(w, k) for w in words]
+
+
+@pytest.mark.parametrize(("k", "n"), [(8, 13), (16, 22), (32, 39), (64, 72)])
+def test_secded_code_sizes(k: int, n: int) -> None:
+    assert k + SecDed().check_bits(k) == n
+
+
+def test_overheads() -> None:
+    assert SecDed().overhead(32) == 7 / 32
+    assert SecDed().overhead(64) == 8 / 64
+    assert SecDed().overhead(8) == 5 / 8
+    assert Parity().overhead(64) == 1 / 64
+    assert NoProtection().overhead(32) == 0.0
+    assert NoProtection().check_bits(64) == 0 and Parity().check_bits(16) == 1
+
+
+@pytest.mark.parametrize("k", WIDTHS)
+def test_secded_corrects_every_single_error(k: int) -> None:
+    code = SecDed()
+    width = k + code.check_bits(k)
+    words = random_words(k, 6, 100 + k)
+    cases, clean = [], []
+    for w in words:
+        c = ref_encode(w, k)
+        for p in range(width):
+            cases.append(flip(w, c, k, (p,)))
+            clean.append(w)
+    out, status = decode_many(code, cases, k)
+    assert out == clean
+    assert status == [CORRECTED] * len(cases)
+    assert [ref_decode(d, c, k) for d, c in cases] == list(zip(clean, status, strict=True))
+
+
+@pytest.mark.parametrize("k", WIDTHS)
+@pytest.mark.parametrize("policy", ["flag", "zero"])
+def test_secded_detects_every_double_error(k: int, policy: str) -> None:
+    code = SecDed(policy)
+    width = k + code.check_bits(k)
+    w = random_words(k, 1, 200 + k)[-1]
+    c = ref_encode(w, k)
+    cases = [flip(w, c, k, pair) for pair in itertools.combinations(range(width), 2)]
+    out, status = decode_many(code, cases, k)
+    assert status == [DUE] * len(cases)
+    assert all(ref_decode(d, cc, k)[1] == DUE for d, cc in cases[:300])
+    expected = [0] * len(cases) if policy == "zero" else [d for d, _ in cases]
+    assert out == expected
+
+
+@pytest.mark.parametrize("k", WIDTHS)
+def test_secded_triple_errors_decode_as_the_reference(k: int) -> None:
+    code = SecDed()
+    width = k + code.check_bits(k)
+    triples = list(itertools.combinations(range(width), 3))
+    if len(triples) > 1500:
+        rng = np.random.default_rng(k)
+        triples = [triples[i] for i in rng.choice(len(triples), 1500, replace=False)]
+    w = random_words(k, 1, 300 + k)[-1]
+    c = ref_encode(w, k)
+    cases = [flip(w, c, k, t) for t in triples]
+    out, status = decode_many(code, cases, k)
+    ref = [ref_decode(d, cc, k) for d, cc in cases]
+    assert list(zip(out, status, strict=True)) == ref
+    # a triple error is never silently "ok": it is miscorrected (a wrong word) or detected
+    assert OK not in status
+    assert all(o != w for o, s in zip(out, status, strict=True) if s == CORRECTED)
+
+
+def test_secded_shortened_code_flags_syndromes_outside_the_code() -> None:
+    # (13,8): syndromes 13..15 name no position; some triple errors reach them
+    k, code = 8, SecDed()
+    cases = [flip(0, 0, k, t) for t in itertools.combinations(range(13), 3)]
+    _, status = decode_many(code, cases, k)
+    refs = [ref_decode(d, c, k)[1] for d, c in cases]
+    assert status == refs and DUE in status and CORRECTED in status
+
+
+def test_secded_clean_words_decode_ok() -> None:
+    for k in WIDTHS:
+        words = np.array(random_words(k, 50, k), np.uint64)
+        out, status = SecDed().decode(words, SecDed().encode(words, k), k)
+        assert np.array_equal(out, words) and not status.any()
+        assert status.dtype == np.uint8
+
+
+# ---- parity -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("k", (8, 32, 64))
+@pytest.mark.parametrize("weight", (1, 2, 3, 4))
+def test_parity_detects_odd_misses_even(k: int, weight: int) -> None:
+    rng = np.random.default_rng(weight * 100 + k)
+    words = random_words(k, 40, k)
+    cases = []
+    for w in words:
+        c = sum((w >> j) & 1 for j in range(k)) % 2
+        for _ in range(10):
+            positions = tuple(int(p) for p in rng.choice(k + 1, weight, replace=False))
+            cases.append(flip(w, c, k, positions))
+    for policy in ("flag", "zero"):
+        out, status = decode_many(Parity(policy), cases, k)
+        want = DUE if weight % 2 else OK
+        assert status == [want] * len(cases)
+        expected = [0 if (policy == "zero" and want == DUE) else d for d, _ in cases]
+        assert out == expected
+
+
+def test_parity_encode_is_the_even_parity_bit() -> None:
+    words = random_words(64, 300, 7)
+    got = Parity().encode(np.array(words, np.uint64), 64)
+    assert [int(x) for x in got] == [bin(w).count("1") % 2 for w in words]
+
+
+def test_no_protection_passes_errors_through() -> None:
+    d = np.array([1, 2, 3], np.uint64)
+    out, status = NoProtection().decode(d, NoProtection().encode(d, 8), 8)
+    assert np.array_equal(out, d) and not status.any() and out is not d
+
+
+# ---- dicts and bad input ------------------------------------------------------------------
+
+@pytest.mark.parametrize("scheme", [NoProtection(), Parity(), Parity("zero"), SecDed(),
+                                    SecDed("zero")])
+def test_dict_round_trip(scheme) -> None:
+    assert protection_from_dict(scheme.to_dict()) == scheme
+    assert type(scheme).from_dict(scheme.to_dict()) == scheme
+    assert scheme.to_dict()["kind"] in ("none", "parity", "secded")
+
+
+def test_kind_names() -> None:
+    assert protection_from_dict("secded") == SecDed()
+    assert SecDed("zero").to_dict() == {"kind": "secded", "policy": "zero"}
+    assert NoProtection().to_dict() == {"kind": "none"}
+
+
+def test_bad_input_names_the_argument() -> None:
+    with pytest.raises(ArgumentError) as e:
+        protection_from_dict({"kind": "hamming"})
+    assert e.value.argument == "protection.kind" and "secded" in e.value.allowed
+    with pytest.raises(ArgumentError) as e:
+        protection_from_dict({"kind": "none", "policy": "zero"})
+    assert e.value.argument == "protection"
+    with pytest.raises(ArgumentError) as e:
+        SecDed(policy="drop")
+    assert e.value.argument == "policy" and "zero" in e.value.allowed
+    for bad in (7, 65, True, 8.0):
+        with pytest.raises(ArgumentError) as e:
+            SecDed().check_bits(bad)
+        assert e.value.argument == "data_bits"
+    with pytest.raises(ArgumentError) as e:
+        SecDed().encode(np.array([256], np.uint64), 8)
+    assert e.value.argument == "data"
+    with pytest.raises(ArgumentTypeError) as e:
+        Parity().encode(np.array([1.0]), 8)
+    assert e.value.argument == "data"
+    with pytest.raises(ArgumentError) as e:
+        SecDed().decode(np.array([1], np.uint64), np.array([1, 2], np.uint64), 8)
+    assert e.value.argument == "check"
+    with pytest.raises(ArgumentError) as e:
+        SecDed().decode(np.array([1], np.uint64), np.array([64], np.uint64), 8)
+    assert e.value.argument == "check"
+
+
+def test_decode_does_not_change_its_input() -> None:
+    d = np.array([5, 6], np.uint64)
+    c = SecDed().encode(d, 16)
+    d[0] ^= np.uint64(1)
+    before = d.copy()
+    SecDed("zero").decode(d, c, 16)
+    assert np.array_equal(d, before)
