@@ -2,7 +2,7 @@
 
 A tensor goes to blocks as ``BlockLayout`` moves it (the block axis last, the last block
 of a row padded with zeros, one ``(n_blocks, k)`` float32 array), every plane is computed
-in its block form (int64 words holding the bit pattern, as ``BlockFormat.encode_blocks``
+in its block form (int32 words holding the bit pattern ``BlockFormat.encode_blocks``
 gives), the faults of each plane are applied at their block-form positions
 (``BlockFaults``: codes at ``block * k + slot``, block planes at the block number, the
 tensor plane at 0), the planes are decoded and the values put back in the tensor's shape.
@@ -69,8 +69,8 @@ def block_positions(fmap: FaultMap, fmt: BlockFormat, fault: FaultModel, lay: Bl
 @dataclass(frozen=True)
 class BlockFaults:
     """One tensor's faults in every plane of a block format, in block form, on one device:
-    ``planes[name] = (positions, int64 masks)``; ``host`` the same as NumPy arrays (the
-    host fallback's form); ``layout`` the tensor's blocks."""
+    ``planes[name] = (positions, int32 masks)``; ``host`` the same as NumPy arrays (int64
+    masks: the host fallback's form); ``layout`` the tensor's blocks."""
 
     layout: BlockLayout
     planes: dict[str, tuple[torch.Tensor, torch.Tensor]]
@@ -81,7 +81,8 @@ class BlockFaults:
            device: torch.device | str) -> BlockFaults:
         lay = fmt.layout(fmap.shape)
         host = block_positions(fmap, fmt, fault, lay)
-        planes = {name: (torch.from_numpy(pos).to(device), torch.from_numpy(m).to(device))
+        planes = {name: (torch.from_numpy(pos).to(device),  # masks: int32, as the words
+                         torch.from_numpy(m.astype(np.uint32).view(np.int32)).to(device))
                   for name, (pos, m) in host.items()}
         return cls(lay, planes, host)
 

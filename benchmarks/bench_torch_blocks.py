@@ -1,0 +1,79 @@
+"""Block formats in PyTorch: a fault-aware training step vs a clean step, in one process.
+
+The models, batch, optimizer and timing of ``bench_torch_fat.py`` (imported from it): an
+MLP 784-256-256-10 and its small CNN, batch 100, SGD, one thread. Every weight is stored in
+the format with faults at ber 1e-3 in every plane (``inject_``, permanent map), for
+Float("float8_e4m3fn"), MX float4_e2m1fn (MXFP4), NVFP4, GGUF Q4_1, GroupwiseInt(4, 32)
+and IntQuant(8); and with transient maps (a fresh map every optimizer step,
+``handle.attach``) for IntQuant(8) and MXFP4. Clean and fault-aware steps alternate one by
+one; a ratio is the median over rounds of (fault-aware time / clean time).
+
+    python benchmarks/bench_torch_blocks.py            # full run, a few minutes
+    python benchmarks/bench_torch_blocks.py --quick    # a smoke run, seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+
+import torch
+from bench_torch_fat import BATCH, BER, cnn, mlp, ratio, trainer
+
+import bitfault as bf
+from bitfault.formats import GGUF, MX, NVFP4, GroupwiseInt
+from bitfault.torch import inject_
+
+PERMANENT = {
+    'Float("float8_e4m3fn")': bf.Float("float8_e4m3fn"),
+    'MX("float4_e2m1fn")': MX("float4_e2m1fn"),
+    "NVFP4()": NVFP4(),
+    'GGUF("q4_1")': GGUF("q4_1"),
+    "GroupwiseInt(4, 32)": GroupwiseInt(4, 32),
+    "IntQuant(8)": bf.IntQuant(8),
+}
+TRANSIENT = ("IntQuant(8)", 'MX("float4_e2m1fn")')
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--per-round", type=int, default=10)
+    parser.add_argument("--quick", action="store_true", help="3 rounds of 2 steps: a smoke run")
+    parser.add_argument("--only", default="", help="run formats whose name contains this")
+    args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.per_round = 3, 2
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    x = torch.rand(BATCH, 1, 28, 28)
+    y = torch.randint(0, 10, (BATCH,))
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), batch {BATCH}, "
+          f"ber {BER} in every plane, SGD; ratio = fault-aware step / clean step (median of "
+          f"{args.rounds} alternating rounds x {args.per_round} steps)")
+    print(f"{'model':5} {'format':24} {'maps':10} {'clean ms':>9} {'faulty ms':>9} {'ratio':>7}")
+    for model_name, build in (("MLP", mlp), ("CNN", cnn)):
+        torch.manual_seed(0)
+        base = build()
+        clean_step, _ = trainer(copy.deepcopy(base), x, y)
+        for fmt_name, fmt in PERMANENT.items():
+            if args.only not in fmt_name:
+                continue
+            for persistence in ("permanent", "transient"):
+                if persistence == "transient" and fmt_name not in TRANSIENT:
+                    continue
+                model = copy.deepcopy(base)
+                handle = inject_(model, bf.FaultSpec(format=fmt, ber=BER, seed=0,
+                                                     persistence=persistence))
+                step, opt = trainer(model, x, y)
+                if persistence == "transient":
+                    handle.attach(opt)
+                r, tc, tv = ratio(clean_step, step, args.rounds, args.per_round)
+                print(f"{model_name:5} {fmt_name:24} {persistence:10} {tc:9.2f} {tv:9.2f} "
+                      f"{r:7.2f}", flush=True)
+                handle.remove()
+
+
+if __name__ == "__main__":
+    main()
