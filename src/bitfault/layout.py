@@ -1,0 +1,147 @@
+"""WordLayout: how one plane's element words pack into memory words and rows.
+
+A plane's elements (each one word of ``bits`` bits of its format, ``bits`` <= 32) are
+taken flat, in C order, ``word_bits // bits`` to a memory word: element ``j`` of the
+plane is element ``i = j % per_word`` of memory word ``j // per_word`` and sits in bits
+``[i * bits, (i + 1) * bits)`` of it, LSB first (eight int8 codes or two float32 values
+per 64-bit word; element 0 in the low bits). A word width that does not hold a whole
+number of elements is refused. The last word of a plane is padded with zero elements
+that no tensor element uses. Memory words form rows of ``row_words`` words (``None``:
+the whole plane is one row); rows matter to column and row fault patterns.
+
+The memory word here is the data part (``word_bits`` <= 64 bits, one ``uint64``); a
+protection code adds its check bits beside it (``bitfault.protection``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from bitfault.errors import ArgumentError, ArgumentTypeError, check_int
+
+MAX_ELEMENT_BITS = 32
+
+
+@dataclass(frozen=True)
+class WordLayout:
+    """Memory words of ``word_bits`` data bits (8..64) in rows of ``row_words`` words."""
+
+    word_bits: int = 64
+    row_words: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "word_bits", check_int(self.word_bits, "word_bits", 8, 64))
+        if self.row_words is not None:
+            object.__setattr__(self, "row_words", check_int(self.row_words, "row_words", 1))
+
+    # ---- sizes --------------------------------------------------------------------------
+
+    def per_word(self, bits: int) -> int:
+        """How many ``bits``-bit elements one memory word holds; ArgumentError (naming
+        ``word_bits``) if the word does not hold a whole number of them."""
+        bits = check_int(bits, "bits", 1, MAX_ELEMENT_BITS)
+        if self.word_bits % bits:
+            raise ArgumentError(
+                "word_bits", self.word_bits, f"a multiple of the element width ({bits} bits)",
+                requirement=f"word_bits must hold a whole number of {bits}-bit elements "
+                            f"(a multiple of {bits})", tail=f", got {self.word_bits}")
+        return self.word_bits // bits
+
+    def n_words(self, n: int, bits: int) -> int:
+        """Memory words a plane of ``n`` elements of ``bits`` bits takes (the last padded)."""
+        k = self.per_word(bits)
+        return -(-check_int(n, "n", 0) // k)
+
+    def n_rows(self, n_words: int) -> int:
+        """Rows ``n_words`` memory words take (the last one may be short)."""
+        n_words = check_int(n_words, "n_words", 0)
+        if self.row_words is None:
+            return 1 if n_words else 0
+        return -(-n_words // self.row_words)
+
+    def row_length(self, n_words: int) -> int:
+        """Words in a (full) row of a plane of ``n_words`` words."""
+        return max(n_words, 1) if self.row_words is None else self.row_words
+
+    def used_mask(self, word: int, n: int, bits: int) -> int:
+        """The bits of memory word ``word`` that hold elements of a plane of ``n`` elements
+        (all ``word_bits`` but in the padded last word)."""
+        k = self.per_word(bits)
+        used = min(max(n - word * k, 0), k)
+        return (1 << (used * bits)) - 1
+
+    # ---- data -----------------------------------------------------------------------------
+
+    def pack(self, words: Any, bits: int) -> np.ndarray:
+        """The memory words (uint64) of a plane: its elements' low ``bits`` bits, flat in C
+        order, ``per_word(bits)`` to a word, element 0 in the low bits."""
+        k = self.per_word(bits)
+        arr = np.asarray(words)
+        if arr.dtype.kind not in "iu":
+            raise ArgumentTypeError("words", words, "an integer array (a format's words)",
+                                    tail=f", got dtype {arr.dtype}")
+        flat = arr.reshape(-1).astype(np.int64, copy=False).view(np.uint64)
+        flat = flat & np.uint64((1 << bits) - 1)
+        n_words = -(-flat.size // k)
+        padded = np.zeros(n_words * k, np.uint64)
+        padded[:flat.size] = flat
+        shifts = np.arange(k, dtype=np.uint64) * np.uint64(bits)
+        return np.bitwise_or.reduce(padded.reshape(n_words, k) << shifts, axis=1)
+
+    def unpack(self, memory_words: Any, bits: int, n: int) -> np.ndarray:
+        """The first ``n`` element patterns (uint64, the unsigned ``bits``-bit words) held
+        in ``memory_words``; the inverse of ``pack`` up to the container's sign."""
+        k = self.per_word(bits)
+        mem = np.asarray(memory_words, dtype=np.uint64).reshape(-1)
+        n = check_int(n, "n", 0, mem.size * k)
+        shifts = np.arange(k, dtype=np.uint64) * np.uint64(bits)
+        parts = (mem[:, None] >> shifts) & np.uint64((1 << bits) - 1)
+        return parts.reshape(-1)[:n]
+
+    # ---- index maps -------------------------------------------------------------------------
+
+    def element_bit(self, word: Any, bit: Any, bits: int) -> tuple[np.ndarray, np.ndarray]:
+        """(element, bit of the element) of data bit ``bit`` of memory word ``word``."""
+        k = self.per_word(bits)
+        w = np.asarray(word, dtype=np.int64)
+        b = np.asarray(bit, dtype=np.int64)
+        if b.size and (b.min() < 0 or b.max() >= self.word_bits):
+            raise ArgumentError("bit", bit, f"data bits 0..{self.word_bits - 1} of a word")
+        return w * k + b // bits, b % bits
+
+    def memory_bit(self, element: Any, bit: Any, bits: int) -> tuple[np.ndarray, np.ndarray]:
+        """(memory word, bit of the word) of bit ``bit`` of element ``element``."""
+        k = self.per_word(bits)
+        e = np.asarray(element, dtype=np.int64)
+        b = np.asarray(bit, dtype=np.int64)
+        if b.size and (b.min() < 0 or b.max() >= bits):
+            raise ArgumentError("bit", bit, f"element bits 0..{bits - 1}")
+        return e // k, (e % k) * bits + b
+
+    def row_of(self, word: Any) -> np.ndarray:
+        """The row of each memory word."""
+        w = np.asarray(word, dtype=np.int64)
+        return np.zeros_like(w) if self.row_words is None else w // self.row_words
+
+    # ---- dict form -------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"word_bits": self.word_bits, "row_words": self.row_words}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> WordLayout:
+        """The layout ``to_dict`` wrote."""
+        if not isinstance(d, Mapping):
+            raise ArgumentTypeError("layout", d, "a mapping with word_bits and row_words")
+        extra = sorted(set(d) - {"word_bits", "row_words"})
+        if extra:
+            raise ArgumentError("layout", dict(d), "a mapping with keys word_bits, row_words",
+                                tail=f", got unknown keys {extra}")
+        return cls(**d)
+
+
+__all__ = ["WordLayout"]
