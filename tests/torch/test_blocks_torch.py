@@ -280,3 +280,16 @@ def test_quantised_weights_equal_the_core_and_pass_the_gradient_everywhere():
     (q["0.weight"].sum() + q["2.weight"].sum()).backward()
     assert torch.equal(model[0].weight.grad, torch.ones_like(model[0].weight))
     assert bf.formats.gradient_bounds(fmt) is None
+
+
+@pytest.mark.parametrize("name", ["float8_e4m3fn", "float8_e5m2", "float6_e2m3fn",
+                                  "float6_e3m2fn", "float4_e2m1fn", "float8_e8m0fnu"])
+def test_small_float_tensors_take_the_cores_rounding_table(name):
+    """Float small formats on float32 share the block kernels' table encode."""
+    fmt = bf.Float(name)
+    x = _data((30, 50), 5) * np.float32(0.01)
+    x.reshape(-1)[60:66] = [np.nan, np.inf, -np.inf, 1e38, -1e-40, 448.0]
+    for fault in FAULTS:
+        fmap = bf.FaultMap.random(x.shape, fmt, ber=0.05, seed=1, name="w")
+        assert _same(inject_tensor(torch.from_numpy(x), fmt, fault, fmap),
+                     bf.inject(x, fmt, fault, fmap))

@@ -31,8 +31,8 @@ from bitfault.faults import FaultModel, check_fault_model
 from bitfault.formats import BlockFormat, FixedPoint, Float, Format, IntQuant, is_format
 from bitfault.maps import FaultMap
 from bitfault.memory import check_map_fits
+from bitfault.torch.ops import block_kernels, float32, generic, numba
 from bitfault.torch.ops import blocks as block_ops
-from bitfault.torch.ops import float32, generic, numba
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -278,6 +278,10 @@ def faulty_group(xs: Sequence[torch.Tensor], fmt: Format, fault: FaultModel, fau
             out = float32.faulty_float32_f32(flat, fault, faults)
         spans = zip(xs, faults.offsets, faults.sizes, strict=True)
         return [out[o:o + n].view(x.shape) for x, o, n in spans]
+    if dtype == torch.float32 and isinstance(fmt, Float) and fmt.codec is not None and \
+            fmt.overflow == "saturate":  # the small floats: the core's rounding table
+        return [block_kernels.faulty_small_float(x, fmt.dtype, fault, p.index, p.masks)
+                for x, p in ((x, faults.part(i)) for i, x in enumerate(xs))]
     if dtype == torch.float32 and isinstance(fmt, IntQuant) and not strict:
         return float32.faulty_int_quant_f32(xs, fmt, fault, faults, buffers)
     outs = []

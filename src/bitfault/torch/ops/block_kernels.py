@@ -20,13 +20,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from bitfault.faults import FaultModel
 from bitfault.formats import BlockFormat, Float
 from bitfault.formats.gguf import GGUF
 from bitfault.formats.groupwise import GroupwiseInt
 from bitfault.formats.minifloat import SMALL_FLOATS
 from bitfault.formats.mx import EMAX_ELEM, MX, round_to_element
 from bitfault.formats.nvfp4 import NVFP4, TENSOR_DIVISOR
-from bitfault.torch.ops.generic import f16_to_f32, sign_extend32
+from bitfault.torch.ops.generic import apply_fault, f16_to_f32, sign_extend32
 
 Planes = dict[str, torch.Tensor]
 
@@ -83,6 +84,17 @@ def _fp16_bits(v: torch.Tensor) -> torch.Tensor:
 def _fp16_value(words: torch.Tensor) -> torch.Tensor:
     """fp16 bit patterns (low 16 bits of int32) -> float32, NaN payloads kept as NumPy does."""
     return f16_to_f32(words.to(torch.int16).view(torch.float16))  # the cast keeps the low bits
+
+
+def faulty_small_float(x: torch.Tensor, name: str, fault: FaultModel, index: torch.Tensor,
+                       masks: torch.Tensor) -> torch.Tensor:
+    """float32 ``x`` stored as small float ``name`` (``Float(name)``, overflow "saturate"),
+    faulted at flat ``index`` by int64 ``masks``, decoded: three table passes."""
+    codes = encode_small(x.contiguous(), name).reshape(-1)
+    if index.numel():
+        codes.index_copy_(0, index, apply_fault(codes.index_select(0, index),
+                                                masks.to(torch.int32), fault))
+    return decode_small(codes, name).view(x.shape)
 
 
 def _pairwise(b: torch.Tensor, larger: bool) -> torch.Tensor:
@@ -256,4 +268,5 @@ def kernel_for(fmt: BlockFormat) -> Kernel | None:
     return KERNELS.get(type(fmt))
 
 
-__all__ = ["KERNELS", "Kernel", "decode_small", "encode_small", "kernel_for"]
+__all__ = ["KERNELS", "Kernel", "decode_small", "encode_small", "faulty_small_float",
+           "kernel_for"]
