@@ -145,15 +145,23 @@ def _int_quant_kernel(x, out, channels, index, masks, op, nearest, symmetric, ho
     extremes = np.zeros(2, np.int32)  # the bits of one channel's min and max
     for c in range(channels):  # min and max through integer keys: one vectorised pass
         kc = keys[c * inner:(c + 1) * inner]
-        kmin, kmax = pos_inf, neg_inf
-        for i in range(inner):
-            k = _sortable(kc[i])
-            kmin = min(kmin, k)
-            kmax = max(kmax, k)
-        if inner and (kmin <= neg_inf or kmax >= pos_inf):  # -inf, +inf or a NaN
-            return False
-        if inner:
-            extremes[0], extremes[1] = _sortable(kmin), _sortable(kmax)  # an involution
+        if symmetric:  # only max |x| matters: the largest magnitude bits
+            kabs = np.int32(0)
+            for i in range(inner):
+                kabs = max(kabs, kc[i] & 0x7FFFFFFF)
+            if kabs >= 0x7F800000:  # +-inf or a NaN
+                return False
+            extremes[0], extremes[1] = kabs | -0x80000000, kabs  # -max|x|, max|x|
+        else:
+            kmin, kmax = pos_inf, neg_inf
+            for i in range(inner):
+                k = _sortable(kc[i])
+                kmin = min(kmin, k)
+                kmax = max(kmax, k)
+            if inner and (kmin <= neg_inf or kmax >= pos_inf):  # -inf, +inf or a NaN
+                return False
+            if inner:
+                extremes[0], extremes[1] = _sortable(kmin), _sortable(kmax)  # an involution
         ext = extremes.view(np.float32)
         scale, zero = _calibrate(ext[0], ext[1], symmetric, lo, hi)
         if scale == 0:
@@ -167,7 +175,10 @@ def _int_quant_kernel(x, out, channels, index, masks, op, nearest, symmetric, ho
         z = zeros[c]
         z32 = np.float32(z)
         xc, oc = x[c * inner:(c + 1) * inner], out[c * inner:(c + 1) * inner]
-        if narrow:
+        if symmetric and nearest and hi < 2.0**22:  # |rint(x * inv)| <= hi: no clamp
+            for i in range(inner):
+                oc[i] = np.rint(xc[i] * inv) * s + np.float32(0.0)  # -0.0 -> +0.0
+        elif narrow:
             for i in range(inner):
                 y = np.float32(_int_code(xc[i], inv, z, how, nearest, lo, hi))
                 oc[i] = (y - z32) * s + np.float32(0.0)  # -0.0 -> +0.0, as the core's codes
