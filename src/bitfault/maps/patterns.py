@@ -1,0 +1,352 @@
+"""Fault patterns over memory words: which physical bits of which words are faulty.
+
+A physical memory word is ``data_bits + check_bits`` wide: bits ``0..data_bits-1`` are
+its data bits (``bitfault.layout``), the bits above them its check bits, in that order
+(``bitfault.protection``). A pattern's ``draw`` returns ``WordFaults``: sorted word
+indices with a data mask and a check mask (both uint64: a 72-bit word does not fit one)
+of the bits that are faulty. A bit hit twice is faulty once (masks are OR-ed), so every
+pattern is nested in its rates.
+
+Every draw comes from the sampler's PCG64 streams (``bitfault.maps.sampling``), keyed by
+(seed, name, step), at a cost proportional to the faults, through one Poisson process
+per pattern: hits arrive at rate 1 per cell (a physical bit, a word, a column, a row) in
+"time", and a cell is faulty if hit before ``-log(1 - p)``. So each cell is faulty
+independently with probability exactly ``p``, and a lower rate's faults are a subset of
+a higher rate's.
+
+- ``IndependentBits(ber)``: every physical bit independently (today's maps, in words:
+  with no check bits and no padding, the same cells as ``FaultMap.random``);
+- ``MultiBitUpset(rate, sizes)``: events per word (a word has at least one with
+  probability ``rate``), each flipping ``k`` adjacent physical bits of one word, ``k``
+  drawn from ``sizes``, its first bit uniform in ``0..width-k``: never across words;
+- ``ColumnFaults(rate)``: each (row, bit position) faulty with probability ``rate``; a
+  faulty column hits that bit in every word of the row;
+- ``RowFaults(rate)``: each row faulty with probability ``rate``; a faulty row hits every
+  bit of its words (``row_words=1``: whole-word faults);
+- ``Asymmetric(p10, p01)``: each stored 1 fails (reads 0) with probability ``p10``, each
+  stored 0 with probability ``p01``; needs the stored words (``stored=``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, ClassVar
+
+import numpy as np
+
+from bitfault.errors import ArgumentError, ArgumentTypeError, check_choice, check_int, check_rate
+from bitfault.maps.sampling import _hits, cell_stream
+
+_ONE = np.uint64(1)
+
+
+@dataclass(frozen=True, eq=False)
+class WordFaults:
+    """Faulty physical bits: sorted distinct word ``indices``, ``data`` and ``check``
+    masks (uint64) for each."""
+
+    indices: np.ndarray
+    data: np.ndarray
+    check: np.ndarray
+
+    def __post_init__(self) -> None:
+        idx = np.asarray(self.indices, dtype=np.int64).reshape(-1)
+        data = np.asarray(self.data, dtype=np.uint64).reshape(-1)
+        check = np.asarray(self.check, dtype=np.uint64).reshape(-1)
+        if not idx.shape == data.shape == check.shape:
+            raise ArgumentError("indices", self.indices, "one data and one check mask each",
+                                tail=f", got {idx.size}, {data.size} and {check.size}")
+        if idx.size and (idx[0] < 0 or np.any(np.diff(idx) <= 0)):
+            raise ArgumentError("indices", self.indices, "sorted distinct word indices >= 0")
+        for key, value in (("indices", idx), ("data", data), ("check", check)):
+            object.__setattr__(self, key, value)
+
+    def __len__(self) -> int:
+        return int(self.indices.size)
+
+    def bit_errors(self) -> int:
+        """The faulty physical bits, data and check."""
+        return int(np.bitwise_count(self.data).sum()) + int(np.bitwise_count(self.check).sum())
+
+    @classmethod
+    def empty(cls) -> WordFaults:
+        return cls(np.zeros(0, np.int64), np.zeros(0, np.uint64), np.zeros(0, np.uint64))
+
+
+def word_faults(cells: np.ndarray, width: int, data_bits: int) -> WordFaults:
+    """``WordFaults`` of faulty cells (repeats allowed), cell ``c`` being physical bit
+    ``c % width`` of word ``c // width``."""
+    if not cells.size:
+        return WordFaults.empty()
+    cells = np.unique(cells.astype(np.int64, copy=False))
+    words, pos = np.divmod(cells, width)
+    in_data = pos < data_bits
+    shift = np.where(in_data, pos, pos - data_bits).astype(np.uint64)
+    bit = _ONE << shift
+    zero = np.uint64(0)
+    data_bit, check_bit = np.where(in_data, bit, zero), np.where(in_data, zero, bit)
+    first = np.r_[True, words[1:] != words[:-1]]
+    starts = np.flatnonzero(first)
+    return WordFaults(words[starts], np.bitwise_or.reduceat(data_bit, starts),
+                      np.bitwise_or.reduceat(check_bit, starts))
+
+
+def _stream(seed: int, name: str, tag: str, step: int | None) -> np.random.Generator:
+    """The pattern's stream: the sampler's cell stream of ``name`` (``tag`` empty) or of a
+    name no tensor has (``name`` NUL ``tag``), so patterns do not share draws."""
+    return cell_stream(seed, f"{name}\x00{tag}" if tag else name, step)
+
+
+def _horizon(p: float, n: int) -> float:
+    return -n * math.log1p(-p)
+
+
+def poisson_cells(n: int, p: float, rng: np.random.Generator) -> np.ndarray:
+    """Cells of ``0..n-1`` hit before ``p``'s horizon (each faulty with probability ``p``),
+    with repeats, in time order; every cell when ``p`` is 1."""
+    if n == 0 or p <= 0.0:
+        return np.zeros(0, np.int64)
+    if p >= 1.0:
+        return np.arange(n, dtype=np.int64)
+    cells, _ = _hits(n, rng, _horizon(p, n))
+    return cells.astype(np.int64)
+
+
+def _check_geometry(n_words: Any, data_bits: Any, check_bits: Any) -> tuple[int, int, int]:
+    return (check_int(n_words, "n_words", 0), check_int(data_bits, "data_bits", 1, 64),
+            check_int(check_bits, "check_bits", 0, 64))
+
+
+def _rows(n_words: int, row_words: int | None) -> tuple[int, int]:
+    """(rows, words per row)."""
+    length = max(n_words, 1) if row_words is None else check_int(row_words, "row_words", 1)
+    return -(-n_words // length), length
+
+
+def _row_words(rows: np.ndarray, length: int, n_words: int) -> tuple[np.ndarray, np.ndarray]:
+    """The words of each row in ``rows`` (flat) and the index of the row each came from."""
+    starts = rows * length
+    counts = np.minimum(starts + length, n_words) - starts
+    owner = np.repeat(np.arange(rows.size), counts)
+    offsets = np.arange(owner.size) - np.repeat(np.cumsum(counts) - counts, counts)
+    return starts[owner] + offsets, owner
+
+
+class _Pattern:
+    kind: ClassVar[str]
+
+    def draw(self, n_words: int, data_bits: int, check_bits: int = 0, *, seed: int = 0,
+             name: str = "", step: int | None = None, row_words: int | None = None,
+             stored: tuple[np.ndarray, np.ndarray] | None = None) -> WordFaults:
+        """The faulty bits of ``n_words`` words of ``data_bits + check_bits`` bits."""
+        raise NotImplementedError
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, **vars(self)}
+
+
+@dataclass(frozen=True)
+class IndependentBits(_Pattern):
+    """Every physical bit faulty independently with probability ``ber``."""
+
+    ber: float
+    kind: ClassVar[str] = "independent"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ber", check_rate(self.ber, "ber"))
+
+    def draw(self, n_words: int, data_bits: int, check_bits: int = 0, *, seed: int = 0,
+             name: str = "", step: int | None = None, row_words: int | None = None,
+             stored: tuple[np.ndarray, np.ndarray] | None = None) -> WordFaults:
+        n, data_bits, check_bits = _check_geometry(n_words, data_bits, check_bits)
+        width = data_bits + check_bits
+        cells = poisson_cells(n * width, self.ber, _stream(seed, name, "", step))
+        return word_faults(cells, width, data_bits)
+
+
+@dataclass(frozen=True)
+class MultiBitUpset(_Pattern):
+    """Upset events, each flipping ``k`` adjacent bits of one word, ``k`` drawn from
+    ``sizes`` ({size: probability}, normalised); a word is hit with probability ``rate``."""
+
+    rate: float
+    sizes: Mapping[int, float] = field(default_factory=lambda: {1: 0.8, 2: 0.15, 3: 0.05})
+    kind: ClassVar[str] = "mbu"
+
+    def __post_init__(self) -> None:
+        rate = check_rate(self.rate, "rate")
+        if rate >= 1.0:
+            raise ArgumentError("rate", self.rate, "in [0, 1) (a word's chance of an upset)")
+        object.__setattr__(self, "rate", rate)
+        if not isinstance(self.sizes, Mapping) or not self.sizes:
+            raise ArgumentTypeError("sizes", self.sizes, "a mapping {bits: probability}")
+        sizes: dict[int, float] = {}
+        for key, value in self.sizes.items():
+            k = int(key) if isinstance(key, str) and key.isdigit() else key
+            sizes[check_int(k, "sizes", 1)] = check_rate(value, f"sizes[{key!r}]")
+        total = sum(sizes.values())
+        if total <= 0.0:
+            raise ArgumentError("sizes", self.sizes, "probabilities with a positive sum")
+        object.__setattr__(self, "sizes", {k: sizes[k] / total for k in sorted(sizes)})
+
+    def draw(self, n_words: int, data_bits: int, check_bits: int = 0, *, seed: int = 0,
+             name: str = "", step: int | None = None, row_words: int | None = None,
+             stored: tuple[np.ndarray, np.ndarray] | None = None) -> WordFaults:
+        n, data_bits, check_bits = _check_geometry(n_words, data_bits, check_bits)
+        width = data_bits + check_bits
+        if max(self.sizes) > width:
+            raise ArgumentError("sizes", dict(self.sizes),
+                                f"sizes of at most the word's {width} bits",
+                                tail=f", got {max(self.sizes)}")
+        words = poisson_cells(n, self.rate, _stream(seed, name, "mbu", step))
+        if not words.size:
+            return WordFaults.empty()
+        # event j's size and first bit come from the j-th pair of uniforms: nested in rate
+        u = _stream(seed, name, "mbu-shape", step).random((words.size, 2))
+        values = np.array(list(self.sizes), np.int64)
+        cdf = np.cumsum(list(self.sizes.values()))
+        k = values[np.minimum(np.searchsorted(cdf, u[:, 0], side="right"), values.size - 1)]
+        start = np.floor(u[:, 1] * (width - k + 1)).astype(np.int64)
+        offsets = np.arange(int(k.sum())) - np.repeat(np.cumsum(k) - k, k)
+        cells = np.repeat(words * width + start, k) + offsets
+        return word_faults(cells, width, data_bits)
+
+    def __hash__(self) -> int:
+        return hash((self.rate, tuple(self.sizes.items())))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "rate": self.rate, "sizes": dict(self.sizes)}
+
+
+@dataclass(frozen=True)
+class ColumnFaults(_Pattern):
+    """Each (row, bit position) faulty with probability ``rate``: that bit in every word
+    of the row."""
+
+    rate: float
+    kind: ClassVar[str] = "column"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rate", check_rate(self.rate, "rate"))
+
+    def draw(self, n_words: int, data_bits: int, check_bits: int = 0, *, seed: int = 0,
+             name: str = "", step: int | None = None, row_words: int | None = None,
+             stored: tuple[np.ndarray, np.ndarray] | None = None) -> WordFaults:
+        n, data_bits, check_bits = _check_geometry(n_words, data_bits, check_bits)
+        width = data_bits + check_bits
+        n_rows, length = _rows(n, row_words)
+        columns = np.unique(poisson_cells(n_rows * width, self.rate,
+                                          _stream(seed, name, "column", step)))
+        rows, pos = np.divmod(columns, width)
+        words, owner = _row_words(rows, length, n)
+        return word_faults(words * width + pos[owner], width, data_bits)
+
+
+@dataclass(frozen=True)
+class RowFaults(_Pattern):
+    """Each row faulty with probability ``rate``: every bit of every word in it."""
+
+    rate: float
+    kind: ClassVar[str] = "row"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rate", check_rate(self.rate, "rate"))
+
+    def draw(self, n_words: int, data_bits: int, check_bits: int = 0, *, seed: int = 0,
+             name: str = "", step: int | None = None, row_words: int | None = None,
+             stored: tuple[np.ndarray, np.ndarray] | None = None) -> WordFaults:
+        n, data_bits, check_bits = _check_geometry(n_words, data_bits, check_bits)
+        n_rows, length = _rows(n, row_words)
+        rows = np.unique(poisson_cells(n_rows, self.rate, _stream(seed, name, "row", step)))
+        words, _ = _row_words(rows, length, n)
+        full = np.uint64((1 << data_bits) - 1)
+        check = np.uint64((1 << check_bits) - 1)
+        return WordFaults(words, np.full(words.size, full), np.full(words.size, check))
+
+
+@dataclass(frozen=True)
+class Asymmetric(_Pattern):
+    """Each stored 1 fails to 0 with probability ``p10``, each stored 0 to 1 with
+    probability ``p01`` (low-voltage SRAM); ``draw`` needs ``stored=(data, check)``."""
+
+    p10: float
+    p01: float
+    kind: ClassVar[str] = "asymmetric"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "p10", check_rate(self.p10, "p10"))
+        object.__setattr__(self, "p01", check_rate(self.p01, "p01"))
+
+    def draw(self, n_words: int, data_bits: int, check_bits: int = 0, *, seed: int = 0,
+             name: str = "", step: int | None = None, row_words: int | None = None,
+             stored: tuple[np.ndarray, np.ndarray] | None = None) -> WordFaults:
+        n, data_bits, check_bits = _check_geometry(n_words, data_bits, check_bits)
+        width = data_bits + check_bits
+        data, check = _stored(stored, n)
+        rates = (self.p01, self.p10)  # by the stored bit's value
+        horizons = np.array([-math.inf if p <= 0 else math.inf if p >= 1 else
+                             _horizon(p, n * width) for p in rates])
+        finite = horizons[np.isfinite(horizons)]
+        parts = []
+        if n and finite.size:
+            cells, times = _hits(n * width, _stream(seed, name, "asymmetric", step),
+                                 float(finite.max()), with_times=True)
+            cells = cells.astype(np.int64)
+            parts.append(cells[times < horizons[_bit_values(cells, width, data_bits,
+                                                            data, check)]])
+        for value in (0, 1):
+            if n and horizons[value] == math.inf:  # rate 1: every bit of that value
+                every = np.arange(n * width, dtype=np.int64)
+                parts.append(every[_bit_values(every, width, data_bits, data, check) == value])
+        cells = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        return word_faults(cells, width, data_bits)
+
+
+def _stored(stored: Any, n: int) -> tuple[np.ndarray, np.ndarray]:
+    if stored is None or len(stored) != 2:
+        raise ArgumentError("stored", stored, "the stored (data, check) uint64 words",
+                            requirement="Asymmetric faults need the stored words: "
+                                        "stored=(data, check)", tail=", got none")
+    data, check = (np.asarray(s, dtype=np.uint64).reshape(-1) for s in stored)
+    if data.size != n or check.size != n:
+        raise ArgumentError("stored", stored, f"{n} data and {n} check words",
+                            tail=f", got {data.size} and {check.size}")
+    return data, check
+
+
+def _bit_values(cells: np.ndarray, width: int, data_bits: int, data: np.ndarray,
+                check: np.ndarray) -> np.ndarray:
+    """The stored value (0 or 1) of each cell."""
+    words, pos = np.divmod(cells, width)
+    in_data = pos < data_bits
+    word = np.where(in_data, data[words], check[words])
+    shift = np.where(in_data, pos, pos - data_bits).astype(np.uint64)
+    return ((word >> shift) & _ONE).astype(np.int64)
+
+
+Pattern = IndependentBits | MultiBitUpset | ColumnFaults | RowFaults | Asymmetric
+PATTERNS: dict[str, type] = {"independent": IndependentBits, "mbu": MultiBitUpset,
+                             "column": ColumnFaults, "row": RowFaults, "asymmetric": Asymmetric}
+
+
+def pattern_from_dict(d: Mapping[str, Any]) -> Pattern:
+    """A pattern from its ``to_dict`` form."""
+    if not isinstance(d, Mapping):
+        raise ArgumentTypeError("pattern", d, "a mapping with a 'kind'")
+    kind = check_choice(d.get("kind"), tuple(PATTERNS), "pattern.kind")
+    cls = PATTERNS[kind]
+    args = {k: v for k, v in d.items() if k != "kind"}
+    names = tuple(f.name for f in fields(cls))
+    required = {f.name for f in fields(cls)
+                if f.default is MISSING and f.default_factory is MISSING}
+    if set(args) - set(names) or required - set(args):
+        raise ArgumentError("pattern", dict(d), f"a mapping with 'kind' and {names}",
+                            tail=f", got keys {sorted(d)}")
+    return cls(**args)
+
+
+__all__ = ["PATTERNS", "Asymmetric", "ColumnFaults", "IndependentBits", "MultiBitUpset",
+           "Pattern", "RowFaults", "WordFaults", "pattern_from_dict", "poisson_cells",
+           "word_faults"]
