@@ -23,11 +23,11 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from bitfault.formats import gradient_bounds
+from bitfault.formats import BlockFormat, gradient_bounds
 from bitfault.keras.layouts import (
     SUPPORTED_NAMES,
     Slot,
-    dense_mask,
+    dense_masks,
     draw_maps,
     is_supported,
 )
@@ -74,8 +74,15 @@ class _StoredValues(keras.layers.Layer):
 _stored_values: _StoredValues | None = None
 
 
+def _mask_values(masks: tuple[Any, ...]) -> Any:
+    """A slot's mask variables as the fault function takes them: one tensor, or (a block
+    format) a tuple with one per plane."""
+    tensors = tuple(tf.convert_to_tensor(m.value) for m in masks)
+    return tensors[0] if len(tensors) == 1 else tensors
+
+
 def _read(params: list[tuple[Slot, Any]], compute_dtype: str | None = None
-          ) -> tuple[list[tf.Tensor], list[tf.Tensor]]:
+          ) -> tuple[list[tf.Tensor], list[Any]]:
     """The clean float32 values (never autocast, e.g. to float16) and the masks.
 
     ``compute_dtype``: that of the layer whose call reads them. Inside a layer's call
@@ -92,7 +99,7 @@ def _read(params: list[tuple[Slot, Any]], compute_dtype: str | None = None
         if _stored_values is None:
             _stored_values = _StoredValues()
         values = list(_stored_values(tf.zeros(()), read=read))
-    return values, [tf.convert_to_tensor(m.value) for _, m in params]
+    return values, [_mask_values(m) for _, m in params]
 
 
 @keras.saving.register_keras_serializable(package="bitfault")
@@ -127,7 +134,7 @@ class FaultyLayer(keras.layers.Wrapper):
         if self.step is None and spec.persistence == "transient":
             self.step = 0  # transient maps start at step 0, as in bitfault.torch
         self._slots: list[Slot] = []
-        self._mask_variables: list[Any] = []
+        self._mask_variables: list[tuple[Any, ...]] = []  # per slot: one per plane
         self._maps: dict[str, FaultMap] = {}
         self._preset_maps: dict[str, FaultMap] | None = None
         self._resampled = False  # resample() was called: something steers the steps
@@ -143,13 +150,20 @@ class FaultyLayer(keras.layers.Wrapper):
         slots = layer_slots(self.layer, self.tensor_prefix, self.spec, output_shape)
         maps = self._preset_maps or draw_maps(slots, self.spec, self.step)
         masks = []
+        fmt = self.spec.format
+        planes = [p.name for p in fmt.planes] if isinstance(fmt, BlockFormat) else ["codes"]
         for slot in slots:
-            mask = dense_mask(slot, maps[slot.name], self.spec.memory)
-            var = self.add_weight(name=f"{slot.name.rsplit('.', 1)[-1]}_fault_mask",
-                                  shape=slot.keras_shape, dtype=str(mask.dtype),
-                                  initializer="zeros", trainable=False, autocast=False)
-            var.assign(mask)
-            masks.append(var)
+            variables = []
+            short = slot.name.rsplit(".", 1)[-1]
+            for plane, mask in zip(planes, dense_masks(slot, maps[slot.name], self.spec.memory),
+                                   strict=True):
+                suffix = "" if plane == "codes" else f"_{plane}"
+                var = self.add_weight(name=f"{short}{suffix}_fault_mask", shape=mask.shape,
+                                      dtype=str(mask.dtype), initializer="zeros",
+                                      trainable=False, autocast=False)
+                var.assign(mask)
+                variables.append(var)
+            masks.append(tuple(variables))
         self._slots, self._mask_variables = slots, masks
         self._maps = {s.name: maps[s.name] for s in slots}
         self._preset_maps = None
@@ -189,7 +203,7 @@ class FaultyLayer(keras.layers.Wrapper):
         if x.dtype != tf.float32:
             raise TypeError(f"activation faults on {slot.name!r} need float32 outputs, got "
                             f"{x.dtype.name} (mixed precision is supported for weights only)")
-        return straight_through(self._fused_for([slot]), [x], [tf.convert_to_tensor(mask.value)],
+        return straight_through(self._fused_for([slot]), [x], [_mask_values(mask)],
                                 self.spec.gradient, gradient_bounds(self.spec.format))[0]
 
     def _warn_fixed_map(self) -> None:
@@ -234,10 +248,11 @@ class FaultyLayer(keras.layers.Wrapper):
         self._resampled = True
         if self.built and step != self.step:
             maps = draw_maps(self._slots, self.spec, step)
-            for slot, var in zip(self._slots, self._mask_variables, strict=True):
-                # the TensorFlow variable itself: Keras's assign adds a copy and checks
-                var.value.assign(dense_mask(slot, maps[slot.name], self.spec.memory),
-                                 read_value=False)
+            for slot, variables in zip(self._slots, self._mask_variables, strict=True):
+                dense = dense_masks(slot, maps[slot.name], self.spec.memory)
+                for var, mask in zip(variables, dense, strict=True):
+                    # the TensorFlow variable itself: Keras's assign adds a copy and checks
+                    var.value.assign(mask, read_value=False)
             self._maps = maps
         self.step = step
 

@@ -19,7 +19,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from bitfault.formats import Format, IntQuant
+from bitfault.formats import BlockFormat, Format, IntQuant
 from bitfault.maps import FaultMap
 from bitfault.memory import Memory
 from bitfault.spec import FaultSpec
@@ -64,6 +64,22 @@ class Slot:
 
     def to_torch(self, keras_array: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(np.transpose(keras_array, np.argsort(self.perm)))
+
+    def keras_plane_shape(self, torch_plane_shape: tuple[int, ...]) -> tuple[int, ...]:
+        """A plane of this tensor (PyTorch-layout shape, ``()`` for a tensor plane) in Keras
+        layout: permuted as the tensor is."""
+        if not torch_plane_shape:
+            return ()
+        return tuple(int(torch_plane_shape[a]) for a in self.perm)
+
+    def keras_plane_indices(self, torch_plane_shape: tuple[int, ...],
+                            torch_indices: np.ndarray) -> np.ndarray:
+        """``keras_indices`` for a plane of this tensor (block planes permute as codes do)."""
+        if not torch_plane_shape or self.perm == tuple(range(len(self.perm))):
+            return torch_indices
+        coords = np.unravel_index(torch_indices, torch_plane_shape)
+        return np.ravel_multi_index(tuple(coords[a] for a in self.perm),
+                                    self.keras_plane_shape(torch_plane_shape))
 
     def keras_axis(self, torch_axis: int) -> int:
         """The Keras axis holding PyTorch axis ``torch_axis`` (IntQuant's channel axis)."""
@@ -142,10 +158,17 @@ def plan_slots(layer: Any, prefix: str, kinds: Collection[str], fmt: Format | No
                              "activation faults in bitfault.keras; use per_channel=False")
         slots.append(Slot("activations", f"{prefix}.output", shape,
                           _output_perm(layer, len(shape))))
+    if isinstance(fmt, BlockFormat) and any(s.variable is None for s in slots):
+        raise ValueError(f"spec.format {fmt!r} is a block format: bitfault.keras faults "
+                         "weights and biases stored in it, not activations (use an element "
+                         "format for activation faults)")
     if isinstance(fmt, IntQuant) and fmt.axis is not None:
         for slot in slots:
             if slot.variable is not None:
                 slot.keras_axis(fmt.axis)  # the channel axis must exist
+    if isinstance(fmt, BlockFormat):
+        for slot in slots:
+            fmt.layout(slot.torch_shape)  # the block axis must exist (ArgumentError)
     return slots
 
 
@@ -171,4 +194,26 @@ def dense_mask(slot: Slot, fmap: FaultMap, memory: Memory) -> np.ndarray:
     return out.view(dtype).reshape(slot.keras_shape)
 
 
-__all__ = ["SUPPORTED_LAYERS", "Slot", "dense_mask", "draw_maps", "is_supported", "plan_slots"]
+def dense_masks(slot: Slot, fmap: FaultMap, memory: Memory) -> tuple[np.ndarray, ...]:
+    """The map as dense masks in Keras layout, one per plane of the memory's format (codes
+    first; a block plane in its permuted plane shape, a tensor plane shape ``()``), each in
+    its plane's container dtype with the faults the fault model may touch there."""
+    fmt = memory.format
+    if not isinstance(fmt, BlockFormat):
+        return (dense_mask(slot, fmap, memory),)
+    shapes = fmt.plane_shapes(slot.torch_shape)
+    out = []
+    for plane in fmt.planes:
+        dtype = np.dtype(plane.format.container)
+        shape = shapes[plane.name]
+        dense = np.zeros(math.prod(shape), f"u{dtype.itemsize}")
+        pmap = fmap.plane(plane.name)
+        if pmap is not None and pmap.indices.size:
+            masks = pmap.masks & np.uint32(memory.fault.eligible_mask(fmt, plane.name))
+            dense[slot.keras_plane_indices(shape, pmap.indices)] = masks.astype(dense.dtype)
+        out.append(dense.view(dtype).reshape(slot.keras_plane_shape(shape)))
+    return tuple(out)
+
+
+__all__ = ["SUPPORTED_LAYERS", "Slot", "dense_mask", "dense_masks", "draw_maps",
+           "is_supported", "plan_slots"]

@@ -27,7 +27,7 @@ import tensorflow as tf
 from bitfault.errors import check_positive
 from bitfault.faults import BitFlip, FaultModel
 from bitfault.formats import Format, gradient_bounds
-from bitfault.keras.layouts import SUPPORTED_LAYERS, Slot, dense_mask, plan_slots
+from bitfault.keras.layouts import SUPPORTED_LAYERS, Slot, dense_masks, plan_slots
 from bitfault.keras.seam import channel_axis, check_supported, fused, straight_through
 from bitfault.maps import FaultMap
 from bitfault.memory import Memory
@@ -103,9 +103,17 @@ class _Stored:
                              "Conv1D/2D/3D or Embedding layer; this model has none")
         axes = tuple(channel_axis(s, fmt) for s in self.slots)
         self.fused = fused(fmt, fault, axes)
-        self.zeros = [tf.zeros(s.keras_shape, fmt.container) for s in self.slots]
+        self.zeros = [self._tensors(dense_masks(s, FaultMap.empty(s.torch_shape), self.memory))
+                      for s in self.slots]
 
-    def masks(self, maps: Mapping[str, FaultMap] | None) -> list[tf.Tensor]:
+    @staticmethod
+    def _tensors(masks: tuple[np.ndarray, ...]) -> Any:
+        """One slot's dense masks as the fault function takes them (block formats: a tuple,
+        one per plane)."""
+        out = tuple(tf.constant(m) for m in masks)
+        return out[0] if len(out) == 1 else out
+
+    def masks(self, maps: Mapping[str, FaultMap] | None) -> list[Any]:
         """Dense masks (Keras layout) of ``maps`` by tensor name (PyTorch layout)."""
         from bitfault.memory import check_map_fits
 
@@ -121,10 +129,10 @@ class _Stored:
                 out.append(zero)
                 continue
             check_map_fits(fmap, slot.torch_shape, self.memory.format, f"maps[{slot.name!r}]")
-            out.append(tf.constant(dense_mask(slot, fmap, self.memory)))
+            out.append(self._tensors(dense_masks(slot, fmap, self.memory)))
         return out
 
-    def values(self, masks: list[tf.Tensor], clean: list[Any] | None = None) -> list[tf.Tensor]:
+    def values(self, masks: list[Any], clean: list[Any] | None = None) -> list[tf.Tensor]:
         if clean is None:
             clean = [tf.convert_to_tensor(s.variable.value) for s in self.slots]
         return straight_through(self.fused, clean, masks, "ste",

@@ -23,7 +23,8 @@ import tensorflow as tf
 
 from bitfault.errors import ArgumentTypeError
 from bitfault.faults import BitFlip, FaultModel, StuckAt
-from bitfault.formats import FixedPoint, Float, Format, IntQuant
+from bitfault.formats import BlockFormat, FixedPoint, Float, Format, IntQuant
+from bitfault.keras.blocks import block_fault, has_kernel
 from bitfault.keras.layouts import Slot
 from bitfault.keras.ops import (
     FaultFn,
@@ -41,8 +42,14 @@ USE_XLA = os.environ.get("BITFAULT_KERAS_XLA", "1") != "0"
 
 def check_supported(fmt: Format, fault: FaultModel) -> None:
     """Raise a clear error for a format or fault model this adapter cannot run in a graph."""
-    if not isinstance(fmt, (FixedPoint, IntQuant, Float)):
-        raise TypeError(f"spec.format must be FixedPoint, IntQuant or Float, got {fmt!r}")
+    if isinstance(fmt, BlockFormat):
+        if not has_kernel(fmt):
+            raise TypeError(f"spec.format {fmt!r}: bitfault.keras runs the block formats MX, "
+                            "NVFP4, GGUF and GroupwiseInt in a graph (KerasEvaluator, on the "
+                            "NumPy core, takes any block format)")
+    elif not isinstance(fmt, (FixedPoint, IntQuant, Float)):
+        raise TypeError(f"spec.format must be FixedPoint, IntQuant, Float or a block format "
+                        f"(MX, NVFP4, GGUF, GroupwiseInt), got {fmt!r}")
     if isinstance(fmt, FixedPoint) and fmt.overflow == "error":
         raise ValueError(
             "spec.format FixedPoint(overflow='error') is not supported by bitfault.keras: a "
@@ -59,8 +66,13 @@ def check_supported(fmt: Format, fault: FaultModel) -> None:
 
 
 def fault_function(fmt: Format, fault: FaultModel, axis: int | None = None) -> FaultFn:
-    """``(x, mask) -> faulty x`` for one tensor; ``axis``: IntQuant's channel axis in x."""
+    """``(x, mask) -> faulty x`` for one tensor; ``axis``: IntQuant's channel axis in x, or
+    the axis of x a block format's blocks run along (then ``mask`` is one mask per plane)."""
     check_supported(fmt, fault)
+    if isinstance(fmt, BlockFormat):
+        if axis is None:
+            raise ValueError(f"a block format ({fmt!r}) needs the axis its blocks run along")
+        return block_fault(fmt, fault, axis)  # type: ignore[return-value]
     if isinstance(fmt, FixedPoint):
         return fixed_point_fault(fmt, fault)
     if isinstance(fmt, IntQuant):
@@ -82,6 +94,20 @@ def inject_tensor(x: Any, fmt: Format, fault: FaultModel, fmap: FaultMap) -> tf.
         raise ArgumentTypeError("x", x, "a float32 tensor", tail=f", got dtype {x.dtype.name}")
     shape = tuple(int(d) for d in x.shape)
     check_map_fits(fmap, shape, fmt)
+    if isinstance(fmt, BlockFormat):
+        check_supported(fmt, fault)
+        lay = fmt.layout(shape)  # the block axis must exist
+        shapes = fmt.plane_shapes(shape)
+        masks = []
+        for plane in fmt.planes:
+            dtype = np.dtype(plane.format.container)
+            dense = np.zeros(math.prod(shapes[plane.name]), f"u{dtype.itemsize}")
+            pmap = fmap.plane(plane.name)
+            if pmap is not None and pmap.indices.size:
+                bits = np.uint32(fault.eligible_mask(fmt, plane.name))
+                dense[pmap.indices] = (pmap.masks & bits).astype(dense.dtype)
+            masks.append(tf.constant(dense.view(dtype).reshape(shapes[plane.name])))
+        return fault_function(fmt, fault, lay.axis)(x, masks)
     axis = None
     if isinstance(fmt, IntQuant) and fmt.axis is not None:
         fmt.reduce_axes(len(shape))  # the axis must exist
@@ -93,23 +119,28 @@ def inject_tensor(x: Any, fmt: Format, fault: FaultModel, fmap: FaultMap) -> tf.
     return fault_function(fmt, fault, axis)(x, mask)
 
 
-def fused_fault_function(fns: Sequence[FaultFn], jit: bool = True) -> Any:
+def fused_fault_function(fns: Sequence[FaultFn], jit: bool = True,
+                         static_shapes: bool = False) -> Any:
     """One function faulting several tensors: ``(values, masks) -> faulty values``.
 
-    With ``jit`` it is an XLA-compiled ``tf.function``: one fused pass per tensor.
+    With ``jit`` it is an XLA-compiled ``tf.function``: one fused pass per tensor;
+    ``static_shapes``: traced once per shape (block formats cut tensors into blocks by
+    their static shapes), else shapes are relaxed on retracing.
     """
 
-    def run(values: list[tf.Tensor], masks: list[tf.Tensor]) -> list[tf.Tensor]:
+    def run(values: list[tf.Tensor], masks: list[Any]) -> list[tf.Tensor]:
         return [fn(v, m) for fn, v, m in zip(fns, values, masks, strict=True)]
 
     if not jit:
         return run
-    return tf.function(run, jit_compile=True, autograph=False, reduce_retracing=True)
+    return tf.function(run, jit_compile=True, autograph=False,
+                       reduce_retracing=not static_shapes)
 
 
 @functools.lru_cache(maxsize=256)
 def _fused(fmt: Format, fault: FaultModel, axes: tuple[int | None, ...], jit: bool) -> Any:
-    return fused_fault_function([fault_function(fmt, fault, a) for a in axes], jit=jit)
+    return fused_fault_function([fault_function(fmt, fault, a) for a in axes], jit=jit,
+                                static_shapes=isinstance(fmt, BlockFormat))
 
 
 def fused(fmt: Format, fault: FaultModel, axes: tuple[int | None, ...]) -> Any:
@@ -119,7 +150,10 @@ def fused(fmt: Format, fault: FaultModel, axes: tuple[int | None, ...]) -> Any:
 
 
 def channel_axis(slot: Slot, fmt: Format) -> int | None:
-    """The Keras axis of ``slot`` that IntQuant(per_channel=...) calibrates along, or None."""
+    """The Keras axis of ``slot`` that IntQuant(per_channel=...) calibrates along, or that a
+    block format's blocks run along (its ``axis`` is in PyTorch layout), or None."""
+    if isinstance(fmt, BlockFormat):
+        return slot.keras_axis(fmt.axis)
     if isinstance(fmt, IntQuant) and fmt.axis is not None and slot.variable is not None:
         return slot.keras_axis(fmt.axis)
     return None
@@ -135,28 +169,30 @@ def _zero_outside(lo: float, hi: float, jit: bool) -> Any:
     return tf.function(run, jit_compile=True) if jit else run
 
 
-def straight_through(fused: Any, values: list[tf.Tensor], masks: list[tf.Tensor],
+def straight_through(fused: Any, values: list[tf.Tensor], masks: list[Any],
                      gradient: str, bounds: tuple[float, float] | None = None
                      ) -> list[tf.Tensor]:
     """The faulty values; "ste": gradient passes to ``values`` unchanged (exactly zero
-    where a value lies outside ``bounds``, see ``gradient_bounds``); "blocked": none."""
+    where a value lies outside ``bounds``, see ``gradient_bounds``); "blocked": none.
+    ``masks``: one per value, a tensor or (block formats) a tuple of plane masks."""
     if gradient == "blocked":
         return [tf.stop_gradient(v) for v in fused(values, masks)]
     n = len(values)
+    flat = tf.nest.flatten(masks)
 
     @tf.custom_gradient
     def identity_grad(*args: tf.Tensor) -> Any:
-        out = fused(list(args[:n]), list(args[n:]))
+        out = fused(list(args[:n]), tf.nest.pack_sequence_as(masks, list(args[n:])))
 
         def grad(*dys: tf.Tensor) -> list[Any]:
             if bounds is not None:
                 zero_outside = _zero_outside(*bounds, USE_XLA)
                 dys = tuple(zero_outside(v, dy) for v, dy in zip(args[:n], dys, strict=True))
-            return [*dys, *([None] * n)]
+            return [*dys, *([None] * len(flat))]
 
         return out, grad
 
-    out = identity_grad(*values, *masks)
+    out = identity_grad(*values, *flat)
     return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
