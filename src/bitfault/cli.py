@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 import bitfault
+from bitfault.cli_args import bits_arg, format_arg, one_line, rate_arg, shape_arg
 from bitfault.errors import check_int
 
 BAD_INPUT = 2
@@ -76,53 +77,6 @@ def require(command: str, modules: Sequence[str]) -> None:
             raise MissingDependencyError(
                 f"`bitfault {command}` needs {module} ({what}), which is not installed: "
                 f"pip install 'bitfault[{extra}]'")
-
-
-def _shape_arg(text: str) -> tuple[int, ...]:
-    parts = text.replace("x", ",").split(",")
-    if not all(p.strip().isdigit() for p in parts):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a shape: give non-negative "
-                                         "integers separated by commas, e.g. 256,784")
-    return tuple(int(p) for p in parts)
-
-
-def _format_arg(text: str) -> Any:
-    from bitfault.formats import format_from_dict
-
-    try:
-        return format_from_dict(json.loads(text))
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"not JSON ({exc}): give a format dict, e.g. "
-                                         '\'{"kind": "int_quant", "bits": 8}\'') from None
-    except (TypeError, ValueError, KeyError) as exc:
-        raise argparse.ArgumentTypeError(_one_line(exc)) from None
-
-
-def _rate_arg(text: str) -> float | dict[str, float]:
-    """A rate, or rates by plane / field: ``1e-3`` or ``codes=1e-3,scale=1e-5``."""
-    if "=" not in text:
-        try:
-            return float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r}: give a rate, e.g. 1e-3, or rates by "
-                                             "plane, e.g. codes=1e-3,scale=1e-5") from None
-    rates: dict[str, float] = {}
-    for part in text.split(","):
-        key, _, value = part.partition("=")
-        try:
-            rates[key.strip()] = float(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{part!r}: give plane=rate, e.g. "
-                                             "scale=1e-5") from None
-    return rates
-
-
-def _bits_arg(text: str) -> list[int | str]:
-    bits = [b.strip() for b in text.split(",")]
-    if not all(bits):
-        raise argparse.ArgumentTypeError(f"{text!r}: give bit positions or field names "
-                                         'separated by commas, e.g. "msb" or 0,1,7')
-    return [int(b) if b.isdigit() else b for b in bits]
 
 
 def _common(sub: argparse.ArgumentParser) -> None:
@@ -201,18 +155,18 @@ def _parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser("map", help="draw a random fault map and save it as .npz")
     m.add_argument("output", help="the .npz file to write")
-    m.add_argument("--shape", required=True, type=_shape_arg,
+    m.add_argument("--shape", required=True, type=shape_arg,
                    help="tensor shape in PyTorch layout, e.g. 256,784")
     m.add_argument("--name", required=True, help='tensor name, e.g. "fc1.weight"')
-    m.add_argument("--format", type=_format_arg, default='{"kind": "fixed_point", "bits": 32, '
+    m.add_argument("--format", type=format_arg, default='{"kind": "fixed_point", "bits": 32, '
                    '"frac": 28, "rounding": "trunc"}', help="format as JSON (see "
                    "Format.to_dict())")
     group = m.add_mutually_exclusive_group(required=True)
-    group.add_argument("--ber", type=_rate_arg, help="bit error rate in [0, 1], or rates by "
+    group.add_argument("--ber", type=rate_arg, help="bit error rate in [0, 1], or rates by "
                        "plane of a block format: codes=1e-3,scale=1e-5")
     group.add_argument("--count", type=int, help="exact number of faulty bits")
     m.add_argument("--seed", type=int, default=0)
-    m.add_argument("--bits", type=_bits_arg, default=None,
+    m.add_argument("--bits", type=bits_arg, default=None,
                    help='eligible bits: positions or fields, e.g. "msb"; a block format\'s '
                         'other planes by name: "scale", "scale.exponent"')
     for s in (d, t, c, r, i, m):
@@ -361,14 +315,6 @@ def _exit_code(exc: BaseException) -> int:
     return FAILURE
 
 
-def _one_line(exc: BaseException) -> str:
-    text = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
-    text = " ".join(str(text).split()) or type(exc).__name__
-    if not isinstance(exc, (ValueError, TypeError, OSError, KeyError, ImportError)):
-        text = f"{type(exc).__name__}: {text}"
-    return text
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     flags = argv[:argv.index("--")] if "--" in argv else argv
@@ -403,7 +349,7 @@ def _run(args: argparse.Namespace, reporter: Any) -> int:
             code, message = 130, "interrupted"
         else:
             exc = _missing_module(exc)
-            code, message = _exit_code(exc), _one_line(exc)
+            code, message = _exit_code(exc), one_line(exc)
         print(f"bitfault: error: {message}", file=sys.stderr)
         if args.json:
             print(json.dumps({"command": args.command, "ok": False, "error": message,
