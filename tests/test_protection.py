@@ -1,9 +1,5 @@
-"""Protection codes against an independent textbook reference written here with Python ints.
-
-The reference builds the extended Hamming codeword position by position (1-based, check
-bit i at position 2^i, data bits LSB first at the other positions, the overall parity bit
-over everything) and decodes by XOR-ing the positions of the set bits (the syndrome).
-"""
+"""Protection codes against the independent textbook reference (tests/ecc_reference.py,
+Python ints)."""
 
 from __future__ import annotations
 
@@ -22,81 +18,9 @@ from bitfault.protection import (
     SecDed,
     protection_from_dict,
 )
+from ecc_reference import flip, random_words, ref_decode, ref_encode
 
 WIDTHS = (8, 12, 16, 24, 32, 57, 64)
-
-
-# ---- the reference --------------------------------------------------------------------
-
-def ref_r(k: int) -> int:
-    r = 0
-    while 2 ** r < k + r + 1:
-        r += 1
-    return r
-
-
-def ref_codeword(d: int, k: int) -> dict[int, int]:
-    """Positions 1..n of the Hamming codeword of data ``d`` (``k`` bits), 0 for the overall."""
-    r = ref_r(k)
-    n = k + r
-    word = {}
-    data = iter(range(k))
-    for pos in range(1, n + 1):
-        word[pos] = 0 if pos in {2 ** i for i in range(r)} else (d >> next(data)) & 1
-    for i in range(r):
-        word[2 ** i] = sum(b for p, b in word.items() if p & 2 ** i) % 2
-    word[0] = sum(word.values()) % 2
-    return word
-
-
-def ref_encode(d: int, k: int) -> int:
-    """Check word: bit i = the check bit at position 2^i, bit r = the overall parity."""
-    r = ref_r(k)
-    word = ref_codeword(d, k)
-    return sum(word[2 ** i] << i for i in range(r)) | word[0] << r
-
-
-def ref_decode(d: int, c: int, k: int) -> tuple[int, int]:
-    """(data, status) from the received data and check words."""
-    r = ref_r(k)
-    n = k + r
-    checks = {2 ** i for i in range(r)}
-    data_pos = [p for p in range(1, n + 1) if p not in checks]
-    word = {p: (d >> j) & 1 for j, p in enumerate(data_pos)}
-    word.update({2 ** i: (c >> i) & 1 for i in range(r)})
-    word[0] = (c >> r) & 1
-    syndrome = 0
-    for p in range(1, n + 1):
-        if word[p]:
-            syndrome ^= p
-    overall = sum(word.values()) % 2
-    if syndrome == 0 and overall == 0:
-        status = OK
-    elif overall == 1 and syndrome == 0:
-        status = CORRECTED  # the overall parity bit itself
-    elif overall == 1 and syndrome <= n:
-        word[syndrome] ^= 1
-        status = CORRECTED
-    else:
-        status = DUE
-    out = sum(word[p] << j for j, p in enumerate(data_pos))
-    return out, status
-
-
-def random_words(k: int, count: int, seed: int) -> list[int]:
-    rng = np.random.default_rng(seed)
-    words = [int(x) >> (64 - k) for x in rng.integers(0, 2 ** 64, count, dtype=np.uint64)]
-    return [0, 2 ** k - 1, *words]
-
-
-def flip(d: int, c: int, k: int, positions: tuple[int, ...]) -> tuple[int, int]:
-    """Flip physical bits: 0..k-1 are data bits, k.. check bits."""
-    for p in positions:
-        if p < k:
-            d ^= 1 << p
-        else:
-            c ^= 1 << (p - k)
-    return d, c
 
 
 def decode_many(code, cases: list[tuple[int, int]], k: int) -> tuple[list[int], list[int]]:

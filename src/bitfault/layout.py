@@ -76,21 +76,30 @@ class WordLayout:
 
     # ---- data -----------------------------------------------------------------------------
 
-    def pack(self, words: Any, bits: int) -> np.ndarray:
+    def pack(self, words: Any, bits: int, which: Any = None) -> np.ndarray:
         """The memory words (uint64) of a plane: its elements' low ``bits`` bits, flat in C
-        order, ``per_word(bits)`` to a word, element 0 in the low bits."""
+        order, ``per_word(bits)`` to a word, element 0 in the low bits. ``which``: only
+        the memory words at these indices (at the cost of those words alone)."""
         k = self.per_word(bits)
         arr = np.asarray(words)
         if arr.dtype.kind not in "iu":
             raise ArgumentTypeError("words", words, "an integer array (a format's words)",
                                     tail=f", got dtype {arr.dtype}")
-        flat = arr.reshape(-1).astype(np.int64, copy=False).view(np.uint64)
-        flat = flat & np.uint64((1 << bits) - 1)
+        flat = arr.reshape(-1)
         n_words = -(-flat.size // k)
-        padded = np.zeros(n_words * k, np.uint64)
-        padded[:flat.size] = flat
+        if which is None:
+            elements = np.arange(n_words * k, dtype=np.int64).reshape(n_words, k)
+        else:
+            w = np.asarray(which, dtype=np.int64).reshape(-1)
+            if w.size and (w.min() < 0 or w.max() >= n_words):
+                raise ArgumentError("which", which, f"memory word indices in 0..{n_words - 1}")
+            elements = w[:, None] * k + np.arange(k)
+        inside = elements < flat.size  # the last word's padding elements are zero
+        values = np.zeros(elements.shape, np.uint64)
+        values[inside] = flat[elements[inside]].astype(np.int64).view(np.uint64)
+        values &= np.uint64((1 << bits) - 1)
         shifts = np.arange(k, dtype=np.uint64) * np.uint64(bits)
-        return np.bitwise_or.reduce(padded.reshape(n_words, k) << shifts, axis=1)
+        return np.bitwise_or.reduce(values << shifts, axis=1)
 
     def unpack(self, memory_words: Any, bits: int, n: int) -> np.ndarray:
         """The first ``n`` element patterns (uint64, the unsigned ``bits``-bit words) held

@@ -1,0 +1,150 @@
+"""Faults through a protected memory: from physical bit flips to an element-level map.
+
+``decode_faults`` takes a plane's clean element words (its format's words), a
+``WordLayout``, a protection scheme and a physical fault draw (``WordFaults``: bit flips
+over the data and check bits of memory words). It encodes the check bits of the clean
+memory words the faults touch, applies the flips, decodes, and returns the element-level
+``FaultMap`` of XOR masks that turns the clean element words into the decoded ones, with
+the outcome counts. bitfault's pipeline then applies that map as a ``BitFlip`` map.
+
+Data dependence: every code here is linear, so under the ``"flag"`` policy (and with no
+protection) the decoded error depends on the error pattern alone, not on the data: the
+map ``flips`` is valid for any data stored in the plane (a weight that trains keeps its
+map). The ``"zero"`` policy makes a detected word 0, which depends on the data: those
+elements are listed in ``zeroed`` (masks of all their bits, to apply as stuck-at-0) and
+left out of ``flips``; ``xor`` folds them in for the clean words given (its mask there is
+the clean element itself). For other data, apply ``flips`` then clear ``zeroed``.
+
+The cost is that of the faulty words alone: only they are packed, encoded and decoded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from bitfault.errors import ArgumentError, ArgumentTypeError
+from bitfault.layout import WordLayout
+from bitfault.maps.faultmap import FaultMap
+from bitfault.maps.patterns import WordFaults
+from bitfault.protection import CORRECTED, DUE, NoProtection, Parity, Protection, SecDed
+
+
+@dataclass(frozen=True)
+class Outcomes:
+    """What happened to the faulty words of one draw.
+
+    ``bit_errors``: raw physical bits flipped (data and check); ``words``: memory words
+    with at least one; of those, ``corrected`` decode to the clean data after a correction,
+    ``due`` were detected but not corrected, ``silent`` decode to wrong data without a
+    detection (miscorrections included), and ``masked`` to the clean data with nothing
+    to correct (flips in padding bits only).
+    """
+
+    bit_errors: int
+    words: int
+    corrected: int
+    due: int
+    silent: int
+
+    @property
+    def masked(self) -> int:
+        return self.words - self.corrected - self.due - self.silent
+
+    def to_dict(self) -> dict[str, int]:
+        return {"bit_errors": self.bit_errors, "words": self.words,
+                "corrected": self.corrected, "due": self.due, "silent": self.silent,
+                "masked": self.masked}
+
+
+@dataclass(frozen=True, eq=False)
+class DecodedFaults:
+    """Element-level maps of a decoded draw and its outcomes (see the module docstring)."""
+
+    xor: FaultMap
+    flips: FaultMap
+    zeroed: FaultMap
+    outcomes: Outcomes
+
+
+def _scheme(protection: Any) -> Protection:
+    if not isinstance(protection, (NoProtection, Parity, SecDed)):
+        raise ArgumentTypeError("protection", protection,
+                                "a protection scheme (NoProtection, Parity, SecDed)")
+    return protection
+
+
+def stored_words(words: Any, bits: int, layout: WordLayout, protection: Protection,
+                 which: Any = None) -> tuple[np.ndarray, np.ndarray]:
+    """The clean physical words of a plane: (data, check) uint64 memory words (only those
+    at ``which`` if given), e.g. for ``Asymmetric`` patterns, which need the stored bits."""
+    data = layout.pack(words, bits, which)
+    return data, _scheme(protection).encode(data, layout.word_bits)
+
+
+def _check_faults(faults: Any, n_words: int, data_bits: int, check_bits: int) -> WordFaults:
+    if not isinstance(faults, WordFaults):
+        raise ArgumentTypeError("faults", faults, "a WordFaults (a pattern's draw)")
+    if len(faults) and faults.indices[-1] >= n_words:
+        raise ArgumentError("faults", faults, f"word indices in 0..{n_words - 1}",
+                            tail=f", got {int(faults.indices[-1])}")
+    for part, width in (("data", data_bits), ("check", check_bits)):
+        masks = getattr(faults, part)
+        if width < 64 and masks.size and int(masks.max()) >> width:
+            raise ArgumentError("faults", faults, f"{part} masks of {width} bits",
+                                tail=f", got {int(masks.max()):#x}")
+    return faults
+
+
+def _element_map(shape: tuple[int, ...], words: np.ndarray, errors: np.ndarray, k: int,
+                 bits: int, name: str, meta: dict[str, Any]) -> FaultMap:
+    """The FaultMap of the elements that ``errors`` (one per memory word) touch."""
+    shifts = np.arange(k, dtype=np.uint64) * np.uint64(bits)
+    masks = (errors[:, None] >> shifts) & np.uint64((1 << bits) - 1)
+    elements = words[:, None] * k + np.arange(k, dtype=np.int64)
+    keep = masks != 0
+    return FaultMap(shape, elements[keep], masks[keep].astype(np.uint32), name, meta)
+
+
+def decode_faults(words: Any, bits: int, layout: WordLayout, protection: Protection,
+                  faults: WordFaults, name: str = "") -> DecodedFaults:
+    """Encode, fault (flip), decode: the element maps and outcomes of one fault draw.
+
+    ``words``: the plane's clean element words (any shape, flat in C order); ``bits``:
+    the element width of its format; ``faults``: bit flips over memory words of
+    ``layout.word_bits`` data bits and ``protection.check_bits(layout.word_bits)`` check
+    bits. Nothing given is changed.
+    """
+    if not isinstance(layout, WordLayout):
+        raise ArgumentTypeError("layout", layout, "a WordLayout")
+    scheme = _scheme(protection)
+    arr = np.asarray(words)
+    k = layout.per_word(bits)
+    data_bits = layout.word_bits
+    check_bits = scheme.check_bits(data_bits)
+    n_words = -(-arr.size // k)
+    faults = _check_faults(faults, n_words, data_bits, check_bits)
+    which = faults.indices
+    clean, check = stored_words(arr, bits, layout, scheme, which)
+    decoded, status = scheme.decode(clean ^ faults.data, check ^ faults.check, data_bits)
+    used = np.full(which.size, np.uint64((1 << data_bits) - 1))
+    if which.size and which[-1] == n_words - 1:  # the padded last word
+        used[-1] = np.uint64(layout.used_mask(n_words - 1, arr.size, bits))
+    errors = (decoded ^ clean) & used
+    due = status == DUE
+    outcomes = Outcomes(bit_errors=faults.bit_errors(), words=int(which.size),
+                        corrected=int(((status == CORRECTED) & (errors == 0)).sum()),
+                        due=int(due.sum()), silent=int((~due & (errors != 0)).sum()))
+    meta = {"source": "protection", "protection": scheme.to_dict(),
+            "layout": layout.to_dict()}
+    shape = arr.shape
+    zero = due & (getattr(scheme, "policy", "flag") == "zero")
+    xor = _element_map(shape, which, errors, k, bits, name, meta)
+    flips = _element_map(shape, which[~zero], errors[~zero], k, bits, name, meta)
+    zeroed = _element_map(shape, which[zero], used[zero], k, bits, name, meta)
+    return DecodedFaults(xor, flips, zeroed, outcomes)
+
+
+__all__ = ["DecodedFaults", "Outcomes", "decode_faults", "stored_words"]

@@ -1,0 +1,164 @@
+"""decode_faults against a plain loop over memory words with the Python-int reference code."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import bitfault as bf
+from bitfault.errors import ArgumentError, ArgumentTypeError
+from bitfault.layout import WordLayout
+from bitfault.maps.patterns import IndependentBits, MultiBitUpset, WordFaults
+from bitfault.protected import decode_faults, stored_words
+from bitfault.protection import NoProtection, Parity, SecDed
+from ecc_reference import CORRECTED, DUE, ref_check, ref_check_bits, ref_scheme
+
+SCHEMES = [NoProtection(), Parity(), Parity("zero"), SecDed(), SecDed("zero")]
+
+
+def reference(words: np.ndarray, bits: int, word_bits: int, scheme, faults: WordFaults):
+    """({element: xor mask}, {element zeroed}, outcome counts) by a loop over faulty words."""
+    kind, policy = scheme.kind, getattr(scheme, "policy", "flag")
+    k = word_bits // bits
+    low = 2 ** bits - 1
+    flat = [int(v) & low for v in words.ravel()]
+    n = len(flat)
+    xor, zeroed = {}, set()
+    counts = {"bit_errors": 0, "words": 0, "corrected": 0, "due": 0, "silent": 0}
+    for w, dmask, cmask in zip(faults.indices, faults.data, faults.check, strict=True):
+        w, dmask, cmask = int(w), int(dmask), int(cmask)
+        elements = [w * k + i for i in range(k)]
+        data = sum(flat[e] << (i * bits) for i, e in enumerate(elements) if e < n)
+        check = ref_check(kind, data, word_bits)
+        out, status = ref_scheme(kind, data ^ dmask, check ^ cmask, word_bits, policy)
+        used = sum(low << (i * bits) for i, e in enumerate(elements) if e < n)
+        err = (out ^ data) & used
+        counts["bit_errors"] += dmask.bit_count() + cmask.bit_count()
+        counts["words"] += 1
+        counts["due"] += status == DUE
+        counts["corrected"] += status == CORRECTED and err == 0
+        counts["silent"] += status != DUE and err != 0
+        for i, e in enumerate(elements):
+            m = (err >> (i * bits)) & low
+            if m:
+                xor[e] = m
+            if e < n and status == DUE and policy == "zero":
+                zeroed.add(e)
+    return xor, zeroed, counts
+
+
+def as_dict(fmap) -> dict[int, int]:
+    return {int(e): int(m) for e, m in zip(fmap.indices, fmap.masks, strict=True)}
+
+
+CASES = [  # (format, shape, word_bits)
+    (bf.FixedPoint(8, 4), (7, 9), 64),
+    (bf.FixedPoint(16, 8), (5, 5), 32),
+    (bf.Float("float32"), (33,), 64),
+    (bf.FixedPoint(8, 4), (50,), 8),
+    (bf.FixedPoint(4, 2), (3, 11), 16),
+]
+
+
+@pytest.mark.parametrize("scheme", SCHEMES, ids=lambda s: str(s.to_dict()))
+@pytest.mark.parametrize(("fmt", "shape", "word_bits"), CASES)
+@pytest.mark.parametrize("pattern", [IndependentBits(0.04),
+                                     MultiBitUpset(0.6, {1: 0.4, 2: 0.3, 3: 0.3})])
+def test_decode_faults_equals_the_reference_loop(scheme, fmt, shape, word_bits,
+                                                 pattern) -> None:
+    rng = np.random.default_rng(word_bits)
+    x = rng.normal(0, 2, shape).astype(np.float32)
+    words = fmt.encode(x)
+    layout = WordLayout(word_bits)
+    n_words = layout.n_words(words.size, fmt.bits)
+    check_bits = scheme.check_bits(word_bits)
+    assert check_bits == ref_check_bits(scheme.kind, word_bits)
+    faults = pattern.draw(n_words, word_bits, check_bits, seed=1, name="w")
+    before = words.copy()
+    got = decode_faults(words, fmt.bits, layout, scheme, faults, name="w")
+    assert np.array_equal(words, before)
+    xor, zeroed, counts = reference(words, fmt.bits, word_bits, scheme, faults)
+    assert as_dict(got.xor) == xor
+    assert set(as_dict(got.zeroed)) == zeroed
+    assert all(m == 2 ** fmt.bits - 1 for m in as_dict(got.zeroed).values())
+    assert as_dict(got.flips) == {e: m for e, m in xor.items() if e not in zeroed}
+    o = got.outcomes
+    assert (o.bit_errors, o.words, o.corrected, o.due, o.silent) == tuple(counts.values())
+    assert o.masked >= 0 and got.xor.shape == words.shape and got.xor.name == "w"
+    # the map, applied by bitfault's pipeline as bit flips, gives the decoded values
+    faulty = bf.inject(x, fmt, bf.BitFlip(), got.xor)
+    low = 2 ** fmt.bits - 1
+    flat = [(int(v) & low) ^ xor.get(i, 0) for i, v in enumerate(words.ravel())]
+    signed = np.array([v - (v >> (fmt.bits - 1) << fmt.bits) for v in flat], np.int64)
+    want = fmt.decode(signed.astype(words.dtype).reshape(shape))
+    np.testing.assert_array_equal(faulty, want)
+
+
+def test_outcomes_cover_every_kind_under_secded() -> None:
+    fmt = bf.FixedPoint(8, 4)
+    words = fmt.encode(np.random.default_rng(0).normal(0, 2, 4000).astype(np.float32))
+    layout = WordLayout(64)
+    faults = MultiBitUpset(0.3, {1: 0.5, 2: 0.3, 3: 0.2}).draw(500, 64, 8, seed=2, name="w")
+    o = decode_faults(words, 8, layout, SecDed(), faults).outcomes
+    assert o.corrected > 0 and o.due > 0 and o.silent > 0  # triples miscorrect or escape
+    assert o.corrected + o.due + o.silent + o.masked == o.words == len(faults)
+
+
+def test_flag_maps_do_not_depend_on_the_data() -> None:
+    fmt = bf.FixedPoint(8, 4)
+    rng = np.random.default_rng(5)
+    a = fmt.encode(rng.normal(0, 2, 800).astype(np.float32))
+    b = fmt.encode(rng.normal(0, 2, 800).astype(np.float32))
+    layout = WordLayout(32)
+    for scheme in (SecDed(), Parity(), SecDed("zero")):
+        faults = IndependentBits(0.03).draw(200, 32, scheme.check_bits(32), seed=3, name="w")
+        da = decode_faults(a, 8, layout, scheme, faults)
+        db = decode_faults(b, 8, layout, scheme, faults)
+        assert as_dict(da.flips) == as_dict(db.flips)
+        assert as_dict(da.zeroed) == as_dict(db.zeroed)
+        assert da.outcomes == db.outcomes
+
+
+def test_stored_words_are_the_packed_data_and_its_check_bits() -> None:
+    words = np.arange(-8, 8, dtype=np.int8)
+    data, check = stored_words(words, 8, WordLayout(32), SecDed())
+    assert [int(d) for d in data] == [0xFBFAF9F8, 0xFFFEFDFC, 0x03020100, 0x07060504]
+    assert [int(c) for c in check] == [ref_check("secded", int(d), 32) for d in data]
+    d2, c2 = stored_words(words, 8, WordLayout(32), SecDed(), which=[2])
+    assert int(d2[0]) == int(data[2]) and int(c2[0]) == int(check[2])
+
+
+def test_bad_input_is_named_before_anything_changes() -> None:
+    words = np.zeros(16, np.int8)
+    layout = WordLayout(64)
+    ok = WordFaults(np.array([1]), np.array([1], np.uint64), np.array([0], np.uint64))
+    with pytest.raises(ArgumentError) as e:
+        decode_faults(words, 8, layout, SecDed(),
+                      WordFaults(np.array([2]), np.array([1], np.uint64),
+                                 np.array([0], np.uint64)))
+    assert e.value.argument == "faults"
+    with pytest.raises(ArgumentError) as e:
+        decode_faults(words, 8, layout, SecDed(),
+                      WordFaults(np.array([0]), np.array([0], np.uint64),
+                                 np.array([256], np.uint64)))
+    assert e.value.argument == "faults"
+    with pytest.raises(ArgumentError) as e:
+        decode_faults(words, 8, layout, Parity(),
+                      WordFaults(np.array([0]), np.array([0], np.uint64),
+                                 np.array([2], np.uint64)))
+    assert e.value.argument == "faults"
+    with pytest.raises(ArgumentError) as e:
+        decode_faults(words, 6, layout, SecDed(), ok)
+    assert e.value.argument == "word_bits"
+    with pytest.raises(ArgumentTypeError) as e:
+        decode_faults(words, 8, layout, "secded", ok)
+    assert e.value.argument == "protection"
+    with pytest.raises(ArgumentTypeError) as e:
+        decode_faults(words, 8, {"word_bits": 64}, SecDed(), ok)
+    assert e.value.argument == "layout"
+    with pytest.raises(ArgumentTypeError) as e:
+        decode_faults(words, 8, layout, SecDed(), (np.array([0]), np.array([1])))
+    assert e.value.argument == "faults"
+    with pytest.raises(ArgumentError) as e:
+        WordFaults(np.array([3, 1]), np.array([1, 1], np.uint64), np.array([0, 0], np.uint64))
+    assert e.value.argument == "indices"
