@@ -8,7 +8,7 @@ import pytest
 import bitfault as bf
 from bitfault.errors import ArgumentError, ArgumentTypeError
 from bitfault.layout import WordLayout
-from bitfault.maps.patterns import IndependentBits, MultiBitUpset, WordFaults
+from bitfault.maps.patterns import Asymmetric, IndependentBits, MultiBitUpset, WordFaults
 from bitfault.protected import decode_faults, stored_words
 from bitfault.protection import NoProtection, Parity, SecDed
 from ecc_reference import CORRECTED, DUE, ref_check, ref_check_bits, ref_scheme
@@ -162,3 +162,18 @@ def test_bad_input_is_named_before_anything_changes() -> None:
     with pytest.raises(ArgumentError) as e:
         WordFaults(np.array([3, 1]), np.array([1, 1], np.uint64), np.array([0, 0], np.uint64))
     assert e.value.argument == "indices"
+
+
+@pytest.mark.parametrize("scheme", [NoProtection(), SecDed()], ids=lambda s: s.kind)
+def test_asymmetric_faults_from_the_stored_words(scheme) -> None:
+    fmt = bf.FixedPoint(8, 4)
+    words = fmt.encode(np.random.default_rng(1).normal(0, 2, 203).astype(np.float32))
+    layout = WordLayout(64)
+    data, check = stored_words(words, 8, layout, scheme)
+    faults = Asymmetric(0.05, 0.0).draw(data.size, 64, scheme.check_bits(64), seed=0,
+                                        name="w", stored=(data, check))
+    assert not (faults.data & ~data[faults.indices]).any()  # only stored 1s fail
+    got = decode_faults(words, 8, layout, scheme, faults)
+    xor, zeroed, counts = reference(words, 8, 64, scheme, faults)
+    assert as_dict(got.xor) == xor and not zeroed
+    assert tuple(got.outcomes.to_dict().values())[:5] == tuple(counts.values())

@@ -102,3 +102,14 @@ def test_pack_does_not_change_its_input() -> None:
     values = np.array([-1, 2, -3], np.int8)
     WordLayout(16).pack(values, 8)
     assert list(values) == [-1, 2, -3]
+
+
+def test_pack_chosen_words() -> None:
+    values = np.arange(-20, 21, dtype=np.int8)  # 41 codes: 6 words, the last padded
+    layout = WordLayout(64)
+    full = layout.pack(values, 8)
+    assert list(layout.pack(values, 8, which=[5, 0, 3])) == [full[5], full[0], full[3]]
+    assert layout.pack(values, 8, which=[]).size == 0
+    with pytest.raises(ArgumentError) as e:
+        layout.pack(values, 8, which=[6])
+    assert e.value.argument == "which"
