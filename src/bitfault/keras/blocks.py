@@ -29,7 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 from bitfault.faults import FaultModel
-from bitfault.formats import BlockFormat
+from bitfault.formats import BlockFormat, Float
 from bitfault.formats.gguf import GGUF
 from bitfault.formats.groupwise import EPS, GroupwiseInt
 from bitfault.formats.minifloat import SMALL_FLOATS, MiniFloat
@@ -95,9 +95,9 @@ def _divide(a: tf.Tensor, c: float) -> tf.Tensor:
 # ---- small floats by the core's float32 tables ---------------------------------------------
 
 
-def _encode_small(y: tf.Tensor, codec: MiniFloat) -> tf.Tensor:
-    """float32 -> saturating codes (int32), the core's ``float32_tables`` lookup."""
-    table = tf.constant(codec.float32_tables("saturate")[0].astype(np.int32))
+def _encode_small(y: tf.Tensor, codec: MiniFloat, overflow: str = "saturate") -> tf.Tensor:
+    """float32 -> codes (int32) under ``overflow``, the core's ``float32_tables`` lookup."""
+    table = tf.constant(codec.float32_tables(overflow)[0].astype(np.int32))
     shift = 22 - codec.mantissa
     bits = tf.bitcast(y, tf.int32)
     high = tf.bitwise.bitwise_and(tf.bitwise.right_shift(bits, shift), (1 << (32 - shift)) - 1)
@@ -110,6 +110,23 @@ def _decode_small(codes: tf.Tensor, codec: MiniFloat) -> tf.Tensor:
     table = tf.constant(codec.decode_table(np.float32).view(np.int32))
     return tf.bitcast(tf.gather(table, tf.bitwise.bitwise_and(codes, (1 << codec.bits) - 1)),
                       tf.float32)
+
+
+def small_float_fault(fmt: Float, fault: FaultModel) -> Callable[[tf.Tensor, tf.Tensor],
+                                                                  tf.Tensor]:
+    """A small float with subnormals (float8/6/4; not E8M0, whose subnormal inputs the core
+    encodes the exact way) by the core's own float32 lookup: one gather to encode, one to
+    decode, the codes ``Float.encode`` gives for every float32 (NaN payloads included)."""
+    codec = fmt.codec
+    if codec is None or not codec.subnormals or fmt.overflow == "error":
+        raise TypeError(f"small_float_fault takes a small float with subnormals and overflow "
+                        f"'saturate' or 'nan', got {fmt!r}")
+
+    def run(x: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
+        words = _apply_fault(_encode_small(x, codec, fmt.overflow), mask, fault)
+        return _decode_small(words, codec)
+
+    return run
 
 
 def _low(words: tf.Tensor, bits: int) -> tf.Tensor:
@@ -350,4 +367,5 @@ def plane_dtypes(fmt: BlockFormat) -> list[np.dtype]:
     return [np.dtype(p.format.container) for p in fmt.planes]
 
 
-__all__ = ["KERNEL_FORMATS", "BlockFaultFn", "block_fault", "has_kernel", "plane_dtypes"]
+__all__ = ["KERNEL_FORMATS", "BlockFaultFn", "block_fault", "has_kernel", "plane_dtypes",
+           "small_float_fault"]

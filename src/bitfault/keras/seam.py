@@ -25,6 +25,7 @@ from bitfault.errors import ArgumentTypeError
 from bitfault.faults import BitFlip, FaultModel, StuckAt
 from bitfault.formats import BlockFormat, FixedPoint, Float, Format, IntQuant
 from bitfault.keras.blocks import block_fault, has_kernel
+from bitfault.keras.blocks import small_float_fault as small_float_lookup
 from bitfault.keras.layouts import Slot
 from bitfault.keras.ops import (
     FaultFn,
@@ -77,7 +78,10 @@ def fault_function(fmt: Format, fault: FaultModel, axis: int | None = None) -> F
         return fixed_point_fault(fmt, fault)
     if isinstance(fmt, IntQuant):
         return int_quant_fault(fmt, fault, axis)
-    if fmt.codec is not None:  # type: ignore[attr-defined]
+    codec = fmt.codec  # type: ignore[attr-defined]
+    if codec is not None and codec.subnormals:  # the core's float32 table: two gathers
+        return small_float_lookup(fmt, fault)  # type: ignore[arg-type]
+    if codec is not None:  # E8M0 (its smallest value is a float32 subnormal)
         return small_float_fault(fmt, fault)  # type: ignore[arg-type]
     return float_fault(fmt, fault)  # type: ignore[arg-type]
 
