@@ -200,3 +200,16 @@ def test_a_memory_gives_each_plane_its_relative_rate():
         Memory(bf.IntQuant(8), bf.BitFlip(), plane_rates={"codes": 1})
     with pytest.raises(ArgumentError, match=r"plane_rates\['scale'\]"):
         Memory(fmt, bf.BitFlip(), plane_rates={"scale": -1})
+
+
+def test_intquant_with_a_group_size_is_the_group_wise_block_format():
+    fmt = bf.IntQuant(4, group_size=32, symmetric=False)
+    assert fmt == bf.formats.GroupwiseInt(4, 32, symmetric=False)
+    assert fmt.to_dict() == {"kind": "int_quant", "bits": 4, "symmetric": False,
+                             "group_size": 32, "axis": -1}
+    assert bf.formats.format_from_dict(fmt.to_dict()) == fmt
+    assert isinstance(bf.IntQuant(8), bf.IntQuant) and "group_size" not in bf.IntQuant(8).to_dict()
+    with pytest.raises(ArgumentError, match="per_channel"):
+        bf.IntQuant(4, per_channel=True, group_size=32)
+    with pytest.raises(ArgumentError, match="axis"):
+        bf.IntQuant(4, axis=0)

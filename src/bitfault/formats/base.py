@@ -170,6 +170,7 @@ class FormatBase:
     """The base of bitfault's formats; ``class F(FormatBase, kind="f")`` registers ``F``."""
 
     kind: ClassVar[str] = ""
+    extra_keys: ClassVar[tuple[str, ...]] = ()  # keys the constructor takes besides fields
 
     def __init_subclass__(cls, kind: str = "", **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -244,7 +245,7 @@ def format_from_dict(data: dict[str, Any]) -> Format:
     cls = FORMATS[check_choice(data["kind"], tuple(FORMATS), "format kind")]
     kind = cls.kind
     args = {k: v for k, v in data.items() if k != "kind"}
-    allowed = {f for f in cls.__dataclass_fields__}
+    allowed = {*(f.name for f in fields(cls)), "kind", *cls.extra_keys}
     unknown = sorted(set(args) - allowed)
     if unknown:
         raise ArgumentError("data", unknown, f"keys of {sorted(allowed)}",

@@ -57,6 +57,20 @@ class IntQuant(FormatBase, kind="int_quant"):
     rounding: Rounding = "nearest"
     codes: Literal["signed", "unsigned"] | None = None
     min_scale: ClassVar[float] = float(np.finfo(np.float32).eps)
+    extra_keys: ClassVar[tuple[str, ...]] = ("group_size", "axis")
+
+    def __new__(cls, *args: Any, group_size: int | None = None, axis: int | None = None,
+                **kwargs: Any) -> Any:
+        """``IntQuant(bits, group_size=g, symmetric=..., axis=-1)`` is the group-wise block
+        format (``formats.groupwise.GroupwiseInt``: one fp16 scale, and zero point, per
+        group of ``g`` inputs); without ``group_size`` an IntQuant."""
+        if group_size is None:
+            if axis is not None:
+                raise ArgumentError("axis", axis, "None without group_size (per_channel= is "
+                                    "IntQuant's channel axis)")
+            return super().__new__(cls)
+        return _grouped(*args, group_size=group_size, axis=-1 if axis is None else axis,
+                        **kwargs)
 
     def __post_init__(self) -> None:
         check_bits(self.bits)
@@ -257,6 +271,34 @@ def codes_f32(fmt: IntQuant, x: np.ndarray, params: QuantParams) -> np.ndarray:
         else:
             return round_by(x * inv, fmt.rounding).astype(np.float64) + zero
     return t.astype(np.float64)
+
+
+_dataclass_init = IntQuant.__init__
+
+
+def _init(self: IntQuant, *args: Any, group_size: None = None, axis: None = None,
+          **kwargs: Any) -> None:
+    _dataclass_init(self, *args, **kwargs)  # group_size / axis: taken by __new__
+
+
+IntQuant.__init__ = _init  # type: ignore[method-assign]
+
+
+def _grouped(bits: int = 8, symmetric: bool = True, per_channel: bool | int = False,
+             rounding: str = "nearest", codes: str | None = None, *, group_size: int,
+             axis: int) -> Any:
+    # imported here: importing floats first would register "float" before "int_quant"
+    from bitfault.formats.groupwise import GroupwiseInt
+
+    if per_channel is not False:
+        raise ArgumentError("per_channel", per_channel, "False with group_size (the groups "
+                            "of an output channel replace per-channel scales)")
+    if rounding != "nearest":
+        raise ArgumentError("rounding", rounding, "'nearest' with group_size")
+    if codes not in (None, "signed" if symmetric else "unsigned"):
+        raise ArgumentError("codes", codes, f"None with group_size (codes are "
+                            f"{'signed' if symmetric else 'unsigned'})")
+    return GroupwiseInt(bits, group_size, symmetric, axis)
 
 
 __all__ = ["IntQuant", "calibrate_f32", "codes_f32", "fused_f32", "to_f32"]
