@@ -46,6 +46,7 @@ def weights_like(shape, seed: int) -> np.ndarray:
     x = rng.normal(size=shape) * rng.choice([1e-4, 0.05, 1.0, 40.0], size=(*shape[:-1], 1))
     x.reshape(-1, shape[-1])[0] = 0.0
     x.reshape(-1)[1:9] = [0.5, -1.5, 2.5, 3.0, -0.25, 6.0, 448.0, 1.0]
+    x.reshape(-1)[9:13] = [3e4, 1e-38, -1e-38, -3e-44]  # scaled into subnormals (and one)
     return x.astype(np.float32)
 
 

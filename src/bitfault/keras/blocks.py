@@ -154,7 +154,7 @@ def _mx(fmt: MX) -> tuple[Callable[[tf.Tensor], Planes], Callable[[Planes], tf.T
         mag = tf.bitwise.bitwise_and(tf.bitcast(b, tf.int32), 0x7FFFFFFF)
         biased = tf.bitwise.right_shift(tf.reduce_max(mag, axis=-1), 23)
         e = tf.clip_by_value(tf.where(tf.equal(biased, 0), -127, biased - 127) - emax, -127, 127)
-        y = _times_pow2(b, -e[:, None])
+        y = _scale2(b, -e[:, None])  # a subnormal y flushed to +-0 gets the same code, +-0
         if codec is None:
             codes = tf.cast(tf.clip_by_value(tf.math.round(y * 64.0), -127.0, 127.0), tf.int32)
         else:
