@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-
 import gguf
+import numpy as np
 from gguf import GGMLQuantizationType as T
 
 QK = 32

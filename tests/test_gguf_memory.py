@@ -10,6 +10,10 @@ import pytest
 
 gguf = pytest.importorskip("gguf")
 
+import bitfault as bf  # noqa: E402
+from bitfault.errors import ArgumentError  # noqa: E402
+from bitfault.formats import GGUF, Float  # noqa: E402
+from bitfault.gguf_memory import GGUFMemory  # noqa: E402
 from gguf_helpers import (  # noqa: E402
     bit_positions,
     dequantize_raw,
@@ -19,11 +23,6 @@ from gguf_helpers import (  # noqa: E402
     tensors,
     write_tiny_llama,
 )
-
-import bitfault as bf  # noqa: E402
-from bitfault.errors import ArgumentError  # noqa: E402
-from bitfault.formats import GGUF, Float  # noqa: E402
-from bitfault.gguf_memory import GGUFMemory  # noqa: E402
 
 
 @pytest.fixture(scope="module")
