@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from bitfault.errors import ArgumentError, ArgumentTypeError, check_choice
-from bitfault.faults import FaultModel, as_fault_model, check_fault_model
+from bitfault.faults import BitFlip, FaultModel, as_fault_model, check_fault_model
 from bitfault.formats import (
     BlockFormat,
     Format,
@@ -51,11 +51,15 @@ class Memory:
     format, each plane's bit error rate relative to the rate a campaign trial draws at
     (``{"scale": 0.1}``: scale words fail ten times less often, as a better-protected scale
     memory would; ``{"codes": 0}``: only the scales fail); planes left out: 1.
+    ``storage``: how the planes sit in physical memory words (layout, protection, fault
+    pattern; ``bitfault.storage.Storage`` or its dict form); None: the format's words
+    themselves fail, bit by bit.
     """
 
     format: Format
     fault: FaultModel
     plane_rates: Mapping[str, float] | None = None
+    storage: Any = None
 
     def __post_init__(self) -> None:
         if isinstance(self.format, Mapping):
@@ -65,6 +69,36 @@ class Memory:
         self.fault.eligible_planes(self.format)  # validates bit names against the format
         if self.plane_rates is not None:
             object.__setattr__(self, "plane_rates", self._checked_plane_rates())
+        if self.storage is not None:
+            from bitfault.storage import Storage  # storage builds on this module's maps
+
+            storage = self.storage
+            if isinstance(storage, Mapping):
+                storage = Storage.from_dict(storage)
+            if not isinstance(storage, Storage):
+                raise ArgumentTypeError("storage", storage, "a bitfault.storage.Storage, its "
+                                        "dict form or None")
+            if not isinstance(self.fault, BitFlip):
+                raise ArgumentError("fault", self.fault.to_dict(), "BitFlip()",
+                                    requirement="a stored memory's faults are its pattern's "
+                                                "bit flips (fault=BitFlip())")
+            storage.check_for(self.format)
+            object.__setattr__(self, "storage", storage)
+
+    def random_map(self, shape: tuple[int, ...], *, ber: Any = None, count: int | None = None,
+                   seed: int = 0, name: str = "", bits: Any = None,
+                   step: int | None = None) -> FaultMap:
+        """The random map of a tensor of ``shape`` stored in this memory: ``FaultMap.random``
+        in the format, or with ``storage`` the pattern's physical faults, decoded."""
+        if self.storage is None:
+            return FaultMap.random(shape, self.format, ber=ber, count=count, seed=seed,
+                                   name=name, bits=bits, step=step, fault=self.fault)
+        if ber is None:
+            raise ArgumentError("count", count, "None for a stored memory (give ber=)",
+                                requirement="count= cannot place a stored memory's faults: "
+                                            "its pattern draws at a rate (give ber=)")
+        return self.storage.random_map(tuple(shape), self.format, ber=ber, seed=seed,
+                                       name=name, bits=bits, step=step)
 
     def _checked_plane_rates(self) -> dict[str, float]:
         planes = tuple(plane_formats(self.format))
@@ -97,6 +131,8 @@ class Memory:
         out = {"format": self.format.to_dict(), "fault": self.fault.to_dict()}
         if self.plane_rates is not None:  # only then: older memories keep their digests
             out["plane_rates"] = dict(self.plane_rates)
+        if self.storage is not None:
+            out["storage"] = self.storage.to_dict()
         return out
 
     @classmethod
@@ -104,15 +140,16 @@ class Memory:
         if not isinstance(data, Mapping):
             raise ArgumentTypeError("data", data, "a mapping", requirement="a memory must be a "
                                     "mapping", tail=f", got {type(data).__name__}")
-        unknown = sorted(set(data) - {*_KEYS, "plane_rates"})
+        unknown = sorted(set(data) - {*_KEYS, "plane_rates", "storage"})
         missing = [k for k in _KEYS if k not in data]
         if unknown or missing:
             raise ArgumentError("data", data, f"a mapping with the keys {list(_KEYS)} (and "
-                                "optionally plane_rates)",
+                                "optionally plane_rates, storage)",
                                 requirement=f"a memory dict has the keys {list(_KEYS)} and "
-                                            f"optionally plane_rates; unknown: {unknown}, "
-                                            f"missing: {missing}")
-        return cls(data["format"], data["fault"], data.get("plane_rates"))
+                                            f"optionally plane_rates, storage; unknown: "
+                                            f"{unknown}, missing: {missing}")
+        return cls(data["format"], data["fault"], data.get("plane_rates"),
+                   data.get("storage"))
 
     def to_json(self) -> str:
         """The stable JSON form (sorted keys, no spaces): what ``digest`` hashes."""

@@ -20,6 +20,8 @@ The cost is that of the faulty words alone: only they are packed, encoded and de
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,4 +149,49 @@ def decode_faults(words: Any, bits: int, layout: WordLayout, protection: Protect
     return DecodedFaults(xor, flips, zeroed, outcomes)
 
 
-__all__ = ["DecodedFaults", "Outcomes", "decode_faults", "stored_words"]
+
+
+# ---- a memory's maps: physical faults, decoded, as element-level flip maps ---------------
+
+RATE_FIELDS = {"independent": "ber", "mbu": "rate", "column": "rate", "row": "rate"}
+"""The field of each pattern kind that a spec's or a campaign trial's rate sets."""
+
+
+def pattern_at(pattern: Any, rate: float) -> Any:
+    """``pattern`` drawing at ``rate`` (its rate field replaced)."""
+    field = RATE_FIELDS.get(getattr(pattern, "kind", None))
+    if field is None:
+        raise ArgumentError("pattern", pattern, f"a pattern of kind {tuple(RATE_FIELDS)}",
+                            requirement="a memory's pattern takes its rate from the spec or "
+                                        "the trial; 'asymmetric' needs the stored bits and "
+                                        "is drawn with decode_faults directly")
+    return dataclasses.replace(pattern, **{field: rate})
+
+
+def draw_decoded_map(shape: tuple[int, ...], bits: int, *, rate: float, seed: int, name: str,
+                     step: int | None, layout: WordLayout, protection: Protection,
+                     pattern: Any) -> FaultMap:
+    """The element-level flip map of one plane of ``shape`` (``bits``-bit words) stored in
+    ``layout`` under ``protection``: ``pattern`` drawn at ``rate`` over the physical words
+    (data and check bits), decoded by the real decoder; its ``meta["outcomes"]`` counts
+    what the decoder did. Data-independent (policy "flag"): valid for any stored data."""
+    scheme = _scheme(protection)
+    if getattr(scheme, "policy", "flag") != "flag":
+        raise ArgumentError("protection.policy", scheme.policy, "'flag'",
+                            requirement="a detected word zeroed (policy 'zero') depends on the "
+                                        "stored data; memories take policy 'flag' (use "
+                                        "decode_faults for 'zero')")
+    n = math.prod(shape)
+    n_words = layout.n_words(n, bits)
+    faults = pattern_at(pattern, rate).draw(
+        n_words, layout.word_bits, scheme.check_bits(layout.word_bits), seed=seed, name=name,
+        step=step, row_words=layout.row_words)
+    decoded = decode_faults(np.zeros(shape, np.int64), bits, layout, scheme, faults, name)
+    fmap = decoded.flips
+    meta = {**fmap.meta, "seed": seed, "step": step, "rate": rate,
+            "pattern": pattern_at(pattern, rate).to_dict(), "outcomes": decoded.outcomes.to_dict()}
+    return FaultMap(shape, fmap.indices, fmap.masks, name, meta)
+
+
+__all__ = ["RATE_FIELDS", "DecodedFaults", "Outcomes", "decode_faults", "draw_decoded_map",
+           "pattern_at", "stored_words"]

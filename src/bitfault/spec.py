@@ -42,7 +42,7 @@ RESAMPLES = ("step", "forward")
 GRADIENTS = ("ste", "blocked")
 _SOURCES = ("ber", "count", "maps")
 SPEC_KEYS = ("format", "fault", "ber", "count", "maps", "seed", "targets", "persistence",
-             "resample", "gradient")
+             "resample", "gradient", "storage")
 
 Rate = float | Sequence[float] | Mapping[Any, float]
 
@@ -148,9 +148,8 @@ class Source:
                                 {**fmap.planes, **planes})
                 check_map_fits(fmap, tuple(shape), memory.format, f"maps[{name!r}]")
             return fmap
-        return FaultMap.random(shape, memory.format, ber=self.ber, count=self.count,
-                               seed=self.seed, name=name, bits=memory.fault.bits, step=step,
-                               fault=memory.fault)
+        return memory.random_map(shape, ber=self.ber, count=self.count, seed=self.seed,
+                                 name=name, bits=memory.fault.bits, step=step)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (the keys ber, count, maps, seed of a spec's ``to_dict``)."""
@@ -179,9 +178,15 @@ class FaultSpec:
     persistence: Literal["permanent", "transient"] = "permanent"
     resample: Literal["step", "forward"] = "step"
     gradient: Literal["ste", "blocked"] = "ste"
+    storage: Any = None
 
     def __post_init__(self) -> None:
-        memory = Memory(self.format, self.fault)
+        memory = Memory(self.format, self.fault, storage=self.storage)
+        object.__setattr__(self, "storage", memory.storage)
+        if self.storage is not None and self.count is not None:
+            raise ArgumentError("count", self.count, "None with storage= (give ber=)",
+                                requirement="count= cannot place a stored memory's faults: "
+                                            "its pattern draws at a rate (give ber=)")
         object.__setattr__(self, "format", memory.format)
         object.__setattr__(self, "fault", memory.fault)
         source = Source(self.ber, self.count, self.maps, self.seed)

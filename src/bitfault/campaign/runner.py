@@ -85,9 +85,8 @@ def trial_maps(trial: Trial, memory: Memory, shapes: Mapping[str, tuple[int, ...
     names = [trial.target] if trial.kind == "layer" else list(shapes)
     bits = (trial.bit,) if trial.kind == "bit" else memory.fault.bits
     for n in names:
-        maps[n] = FaultMap.random(shapes[n], memory.format, ber=memory.plane_ber(trial.ber),
-                                  seed=trial.seed,
-                                  name=n, bits=bits, fault=memory.fault)
+        maps[n] = memory.random_map(shapes[n], ber=memory.plane_ber(trial.ber),
+                                    seed=trial.seed, name=n, bits=bits)
     return maps
 
 
@@ -157,12 +156,32 @@ class CampaignResult:
                            "trials": [r.flat() for r in self.records]}, sort_keys=True)
 
 
+def memory_outcomes(maps: Maps) -> dict[str, int]:
+    """What a stored memory's decoder did in one trial, summed over every tensor and plane
+    (``storage``'s maps record it): ``raw_bit_errors``, ``words_corrected``, ``words_due``
+    (detected, uncorrectable), ``words_silent`` (wrong data, undetected), and ``detected``
+    (1 when any word was DUE: the trial is flagged); empty for other memories."""
+    total: dict[str, int] = {}
+    for fmap in maps.values():
+        for m in (fmap, *fmap.planes.values()):
+            for key, value in m.meta.get("outcomes", {}).items():
+                total[key] = total.get(key, 0) + int(value)
+    if not total:
+        return {}
+    return {"raw_bit_errors": total["bit_errors"], "words_corrected": total["corrected"],
+            "words_due": total["due"], "words_silent": total["silent"],
+            "detected": int(total["due"] > 0)}
+
+
 def evaluate_trials(evaluator: Evaluator, trials: Sequence[Trial], memory: Memory,
-                    shapes: Mapping[str, tuple[int, ...]]) -> list[tuple[str, np.ndarray]]:
-    """Map digests and predictions of ``trials`` (one evaluator call: many maps per pass)."""
+                    shapes: Mapping[str, tuple[int, ...]]
+                    ) -> list[tuple[str, np.ndarray, dict[str, int]]]:
+    """Map digests, predictions and memory outcomes of ``trials`` (one evaluator call: many
+    maps per pass)."""
     maps = [trial_maps(t, memory, shapes) for t in trials]
     predictions = evaluator.predict(maps, memory)
-    return [(_maps_digest(m), np.asarray(p)) for m, p in zip(maps, predictions, strict=True)]
+    return [(_maps_digest(m), np.asarray(p), memory_outcomes(m))
+            for m, p in zip(maps, predictions, strict=True)]
 
 
 def _run_local(evaluator: Evaluator, chunks: list[list[Trial]], memory: Memory,
@@ -298,8 +317,8 @@ def run(
                 # the trials of one evaluator call finish together (one forward pass): score
                 # them, then commit them in one transaction, so a crash keeps all or none
                 done_at, rows = time.time(), []
-                for trial, (map_digest, pred) in zip(chunk, outputs, strict=True):
-                    values = call_metric(metric, labels, clean, pred, trial.key)
+                for trial, (map_digest, pred, outcomes) in zip(chunk, outputs, strict=True):
+                    values = {**call_metric(metric, labels, clean, pred, trial.key), **outcomes}
                     rows.append({"trial_key": trial.key, "kind": trial.kind, "ber": trial.ber,
                                  "chip": trial.chip, "seed": trial.seed, "target": trial.target,
                                  "bit": trial.bit, "element": trial.element,
@@ -347,5 +366,6 @@ def _progress(progress: bool | Callable[[int, int], None] | None, total: int,
     return bar, lambda done, _: bar.update(done - bar.n)
 
 
-__all__ = ["CampaignResult", "campaign_digest", "evaluate_trials", "run", "trial_maps",
+__all__ = ["CampaignResult", "campaign_digest", "evaluate_trials", "memory_outcomes", "run",
+           "trial_maps",
            "versions"]

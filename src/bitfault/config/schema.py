@@ -77,7 +77,9 @@ class CampaignConfig:
     ``single_faults`` is a margin: single bit faults sampled (Leveugle et al.) until
     the share of faults that turn a correct prediction wrong is known to within that
     margin at ``single_fault_confidence``. ``plane_rates``: for block formats, each plane's
-    rate relative to the trial's (``bitfault.Memory.plane_rates``)."""
+    rate relative to the trial's (``bitfault.Memory.plane_rates``). ``memory``: how the
+    weights sit in physical memory (``bitfault.storage.Storage.from_dict``: word_bits,
+    row_words, protection, pattern); trials then record the decoder's outcomes."""
 
     bers: tuple[float, ...] = (1e-4, 1e-3, 1e-2)
     chips: int = 10
@@ -92,6 +94,7 @@ class CampaignConfig:
     single_faults: float | None = None
     single_fault_confidence: float = 0.95
     plane_rates: Mapping[str, float] | None = None
+    memory: Mapping[str, Any] | None = None
 
     @property
     def sweep_bers(self) -> tuple[float, ...]:
@@ -146,7 +149,8 @@ class RunConfig:
                          "single_faults": c.single_faults,
                          "single_fault_confidence": c.single_fault_confidence,
                          "plane_rates": None if c.plane_rates is None
-                         else dict(c.plane_rates)},
+                         else dict(c.plane_rates),
+                         "memory": None if c.memory is None else dict(c.memory)},
         }
 
 

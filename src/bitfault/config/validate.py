@@ -328,7 +328,21 @@ def _campaign(raw: Any) -> CampaignConfig:
             d.get("single_fault_confidence", c.single_fault_confidence),
             "campaign.single_fault_confidence", what="a confidence in (0, 1), e.g. 0.95",
             ok=lambda f: 0 < f < 1),
-        plane_rates=_plane_rates(d.get("plane_rates")))
+        plane_rates=_plane_rates(d.get("plane_rates")),
+        memory=_storage(d.get("memory")))
+
+
+def _storage(value: Any) -> dict[str, Any] | None:
+    """``campaign.memory``: a storage mapping, checked now (its fit to each recipe's format
+    when that recipe's campaign is planned)."""
+    if value is None:
+        return None
+    from bitfault.storage import Storage
+
+    if not isinstance(value, Mapping):
+        raise ConfigError("campaign.memory", value, "a mapping such as {word_bits: 64, "
+                          "protection: secded, pattern: {kind: mbu, sizes: {1: 0.8, 2: 0.2}}}")
+    return _library("campaign.memory", value, lambda: Storage.from_dict(value)).to_dict()
 
 
 def _plane_rates(value: Any) -> dict[str, float] | None:

@@ -116,11 +116,17 @@ def plan_model(config: RunConfig, recipe: Recipe, model: Any, x: Any, y: Any) ->
     except (ValueError, TypeError) as exc:
         raise ConfigError("campaign.fault", c.fault.to_dict(), f"a fault model that fits "
                           f"recipe {recipe.name!r}'s format {fmt} ({exc})") from None
-    if c.plane_rates is not None:
+    if c.memory is not None and (c.bits or c.single_faults is not None):
+        key = "bits" if c.bits else "single_faults"
+        raise ConfigError(f"campaign.{key}", getattr(c, key), "off with campaign.memory (a "
+                          "stored memory places its faults by its pattern, in whole words)")
+    for key, value in (("plane_rates", c.plane_rates), ("memory", c.memory)):
+        if value is None:
+            continue
         try:
-            memory = Memory(fmt, c.fault, c.plane_rates)
+            memory = Memory(fmt, c.fault, c.plane_rates, c.memory)
         except (ValueError, TypeError) as exc:
-            raise ConfigError("campaign.plane_rates", dict(c.plane_rates), f"planes of recipe "
+            raise ConfigError(f"campaign.{key}", dict(value), f"a {key} that fits recipe "
                               f"{recipe.name!r}'s format {fmt} ({exc})") from None
     try:
         evaluator = make_evaluator(model, config.framework, x, y, c)

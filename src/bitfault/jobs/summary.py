@@ -132,7 +132,7 @@ def refresh(entry: dict[str, Any], c: CampaignConfig, store: Path,
     written by an older bitfault (no ``tensors``) is returned as it is."""
     if "tensors" not in entry or "clean" not in entry:
         return entry
-    memory = Memory(entry["format"], c.fault, c.plane_rates)
+    memory = Memory(entry["format"], c.fault, c.plane_rates, c.memory)
     shapes = {n: tuple(s) for n, s in entry["tensors"].items()}
     fresh = model_summary(c, memory, shapes, entry["clean"], store, single_store)
     for key in ("ran", "skipped"):  # what the last campaign run did, not store contents

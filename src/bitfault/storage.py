@@ -1,0 +1,160 @@
+"""Storage: how a memory holds its planes physically (word layout, protection, fault pattern).
+
+A ``Memory`` without ``storage`` faults the format's words directly (independent bits at
+the spec's rate, today's maps). With a ``Storage``, each plane's words pack into memory
+words (``WordLayout``), every memory word carries the check bits of its protection
+scheme (per plane if given as a mapping), the fault pattern is drawn over the physical
+bits (data and check) at the spec's or the trial's rate, and the real decoder turns it
+into the element-level flip map the rest of bitfault applies (``protected``). Decoding
+under policy "flag" depends only on the error pattern, so the map holds for any data a
+plane stores (a weight that trains keeps it); each plane map's ``meta["outcomes"]``
+counts raw bit errors and the words corrected, detected (DUE) and silently corrupted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from bitfault.errors import ArgumentError, ArgumentTypeError, check_rate
+from bitfault.formats import Format, plane_formats, plane_map_name
+from bitfault.formats.blocks import CODES
+from bitfault.layout import WordLayout
+from bitfault.maps import FaultMap
+from bitfault.maps.patterns import IndependentBits, pattern_from_dict
+from bitfault.protected import RATE_FIELDS, draw_decoded_map, pattern_at
+from bitfault.protection import NoProtection, Protection, protection_from_dict
+
+_KEYS = ("word_bits", "row_words", "protection", "pattern")
+
+
+def _scheme(value: Any, argument: str) -> Protection:
+    if isinstance(value, (str, Mapping)):
+        return protection_from_dict(value)
+    if not hasattr(value, "check_bits") or not hasattr(value, "decode"):
+        raise ArgumentTypeError(argument, value, "'none', 'parity', 'secded', a mapping "
+                                "{kind, policy} or a protection scheme")
+    return value
+
+
+def _pattern(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        kind = value.get("kind")
+        rate = RATE_FIELDS.get(kind)
+        value = pattern_from_dict({rate: 0.0, **value} if rate else value)
+    pattern_at(value, 0.0)  # a kind whose rate the spec sets
+    return value
+
+
+@dataclass(frozen=True)
+class Storage:
+    """Planes packed into ``layout`` words, protected by ``protection`` (one scheme, or
+    ``{plane: scheme}`` with the planes left out unprotected), faulted by ``pattern``
+    (its rate comes from the spec or the trial)."""
+
+    layout: WordLayout = field(default_factory=WordLayout)
+    protection: Protection | Mapping[str, Protection] = field(default_factory=NoProtection)
+    pattern: Any = field(default_factory=lambda: IndependentBits(0.0))
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.layout, WordLayout):
+            raise ArgumentTypeError("layout", self.layout, "a WordLayout")
+        if isinstance(self.protection, Mapping) and "kind" not in self.protection:
+            schemes = {str(k): _scheme(v, f"protection[{k!r}]")
+                       for k, v in self.protection.items()}
+            object.__setattr__(self, "protection", schemes)
+        else:
+            object.__setattr__(self, "protection", _scheme(self.protection, "protection"))
+        object.__setattr__(self, "pattern", _pattern(self.pattern))
+
+    def scheme(self, plane: str) -> Protection:
+        """The protection of ``plane``'s words."""
+        if isinstance(self.protection, Mapping):
+            return self.protection.get(plane, NoProtection())
+        return self.protection
+
+    def check_for(self, fmt: Format) -> None:
+        """ArgumentError unless every plane of ``fmt`` fits (whole elements per word, known
+        planes in a per-plane protection, a policy the pipeline can apply)."""
+        formats = plane_formats(fmt)
+        if isinstance(self.protection, Mapping):
+            for plane in self.protection:
+                if plane not in formats:
+                    raise ArgumentError("protection", plane, f"planes of {tuple(formats)}",
+                                        requirement=f"protection names plane {plane!r}; "
+                                                    f"{type(fmt).__name__} stores "
+                                                    f"{tuple(formats)}")
+        for plane, pf in formats.items():
+            self.layout.per_word(pf.bits)
+            policy = getattr(self.scheme(plane), "policy", "flag")
+            if policy != "flag":
+                raise ArgumentError("protection.policy", policy, "'flag'",
+                                    requirement="a memory's protection takes policy 'flag' "
+                                                "(a word zeroed on detection depends on the "
+                                                "stored data)")
+
+    def overhead(self, fmt: Format) -> dict[str, float]:
+        """Check bits per data bit of each plane's words."""
+        return {p: self.scheme(p).overhead(self.layout.word_bits) for p in plane_formats(fmt)}
+
+    def random_map(self, shape: tuple[int, ...], fmt: Format, *, ber: Any, seed: int,
+                   name: str, bits: Any = None, step: int | None = None) -> FaultMap:
+        """The decoded map of a tensor of ``shape`` in ``fmt``: every plane drawn at its
+        rate (``ber``: one rate, or ``{plane: rate}``; planes left out are fault-free),
+        over its physical words, decoded; a block format's other planes in ``planes``."""
+        formats = plane_formats(fmt)
+        shapes = fmt.plane_shapes(shape) if len(formats) > 1 else {CODES: tuple(shape)}
+        selected = _selected_planes(bits, tuple(formats))
+        maps = {}
+        for plane, pf in formats.items():
+            rate = ber.get(plane) if isinstance(ber, Mapping) else ber
+            pname = plane_map_name(name, plane)
+            if rate is None or plane not in selected:
+                maps[plane] = FaultMap.empty(shapes[plane], pname)
+                continue
+            maps[plane] = draw_decoded_map(
+                shapes[plane], pf.bits, rate=check_rate(rate, f"ber[{plane!r}]"), seed=seed,
+                name=pname, step=step, layout=self.layout, protection=self.scheme(plane),
+                pattern=self.pattern)
+        codes = maps.pop(CODES)
+        return FaultMap(codes.shape, codes.indices, codes.masks, name,
+                        {**codes.meta, "format": fmt.to_dict()}, maps)
+
+    def to_dict(self) -> dict[str, Any]:
+        protection = ({p: s.to_dict() for p, s in self.protection.items()}
+                      if isinstance(self.protection, Mapping) else self.protection.to_dict())
+        pattern = {k: v for k, v in self.pattern.to_dict().items()
+                   if k != RATE_FIELDS[self.pattern.kind]}
+        return {"word_bits": self.layout.word_bits, "row_words": self.layout.row_words,
+                "protection": protection, "pattern": pattern}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Storage:
+        """From ``to_dict()`` or a config's ``memory:`` section (every key optional)."""
+        if not isinstance(data, Mapping):
+            raise ArgumentTypeError("storage", data, f"a mapping with keys of {_KEYS}")
+        unknown = sorted(set(data) - set(_KEYS))
+        if unknown:
+            raise ArgumentError("storage", unknown, f"keys of {_KEYS}",
+                                requirement=f"unknown storage key(s) {unknown}; allowed: "
+                                            f"{_KEYS}")
+        layout = WordLayout(data.get("word_bits", 64), data.get("row_words"))
+        return cls(layout, data.get("protection", "none"),
+                   data.get("pattern", {"kind": "independent"}))
+
+
+def _selected_planes(bits: Any, planes: tuple[str, ...]) -> tuple[str, ...]:
+    """The planes a memory's fault selection names: all (None), or plane names only."""
+    if bits is None:
+        return planes
+    items = [bits] if isinstance(bits, str) else list(bits)
+    if not all(isinstance(b, str) and b in planes for b in items):
+        raise ArgumentError("bits", bits, f"None or plane names of {planes}",
+                            requirement="faults in a stored memory hit whole planes "
+                                        "(bits=None or plane names such as 'scale'): the "
+                                        "pattern places them in memory words")
+    return tuple(items)
+
+
+__all__ = ["Storage"]

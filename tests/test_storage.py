@@ -1,0 +1,133 @@
+"""A memory with storage: planes in memory words, protection, patterns, decoded maps.
+
+The reference is a plain loop written here with the textbook codes of tests/ecc_reference.py
+(Python ints): pack the clean element words, encode, flip the drawn physical bits, decode,
+and compare with the clean data.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from ecc_reference import ref_check, ref_check_bits, ref_scheme
+
+import bitfault as bf
+from bitfault.campaign import rate_sweep, run
+from bitfault.campaign.evaluator import NumpyEvaluator
+from bitfault.errors import ArgumentError
+from bitfault.layout import WordLayout
+from bitfault.maps.patterns import IndependentBits, MultiBitUpset
+from bitfault.protection import Parity, SecDed
+from bitfault.storage import Storage
+
+
+def _reference_map(clean: np.ndarray, bits: int, word_bits: int, kind: str, faults) -> tuple:
+    """(flat element -> xor mask, outcome counts) by the reference codes, word by word."""
+    k = word_bits // bits
+    flat = [int(v) & ((1 << bits) - 1) for v in clean.reshape(-1)]
+    masks: dict[int, int] = {}
+    due = silent = 0
+    for w, dmask, cmask in zip(faults.indices.tolist(), faults.data.tolist(),
+                               faults.check.tolist(), strict=True):
+        elems = range(w * k, min(len(flat), w * k + k))
+        data = sum(flat[e] << (bits * (e - w * k)) for e in elems)
+        check = ref_check(kind, data, word_bits)
+        out, status = ref_scheme(kind, data ^ dmask, check ^ cmask, word_bits)
+        error = (out ^ data) & sum(((1 << bits) - 1) << (bits * (e - w * k)) for e in elems)
+        due += status == 2
+        silent += status != 2 and error != 0
+        for e in elems:
+            m = (error >> (bits * (e - w * k))) & ((1 << bits) - 1)
+            if m:
+                masks[e] = m
+    return masks, {"due": due, "silent": silent}
+
+
+@pytest.mark.parametrize("kind, scheme", [("none", bf.storage.NoProtection()),
+                                          ("parity", Parity()), ("secded", SecDed())])
+@pytest.mark.parametrize("pattern", [IndependentBits(0.0), MultiBitUpset(0.0, {1: 0.5, 2: 0.3,
+                                                                              3: 0.2})],
+                         ids=["independent", "mbu"])
+def test_decoded_maps_equal_the_reference_decoder(kind, scheme, pattern):
+    fmt = bf.IntQuant(8)
+    storage = Storage(WordLayout(32), scheme, pattern)
+    memory = bf.Memory(fmt, bf.BitFlip(), storage=storage)
+    x = np.random.default_rng(4).normal(size=(9, 7)).astype(np.float32)
+    rate = 0.03 if isinstance(pattern, IndependentBits) else 0.3
+    fmap = memory.random_map(x.shape, ber=rate, seed=5, name="w")
+    n_words = -(-x.size // 4)
+    faults = bf.protected.pattern_at(pattern, rate).draw(
+        n_words, 32, ref_check_bits(kind, 32), seed=5, name="w")
+    assert len(faults) > 3
+    words = fmt.encode(x)
+    masks, counts = _reference_map(words, 8, 32, kind, faults)
+    assert dict(zip(fmap.indices.tolist(), fmap.masks.tolist(), strict=True)) == masks
+    assert fmap.meta["outcomes"]["due"] == counts["due"]
+    assert fmap.meta["outcomes"]["silent"] == counts["silent"]
+    # the map is the decoder's error for any stored data (policy "flag"): so inject applies it
+    want = fmt.decode(np.bitwise_xor(words, fmap.to_dense(np.int8)), fmt.calibrate(x))
+    np.testing.assert_array_equal(bf.inject(x, fmt, bf.BitFlip(), fmap), want)
+
+
+def test_secded_corrects_every_lone_error_and_the_campaign_records_outcomes(tmp_path):
+    rng = np.random.default_rng(0)
+    params = {"w": rng.normal(size=(16, 4)).astype(np.float32)}
+    x = rng.normal(size=(64, 16)).astype(np.float32)
+    labels = np.argmax(x @ params["w"], axis=1)
+    evaluator = NumpyEvaluator(lambda p, xx: xx @ p["w"], params, x, labels)
+    plain = bf.Memory(bf.IntQuant(8), bf.BitFlip())
+    ecc = bf.Memory(bf.IntQuant(8), bf.BitFlip(),
+                    storage=Storage(WordLayout(64), SecDed(), IndependentBits(0.0)))
+    trials = rate_sweep([1e-3, 3e-2], 4, base_seed=10)
+    result = run(evaluator, trials, ecc, tmp_path / "ecc.db")
+    raw = run(evaluator, trials, plain, tmp_path / "raw.db")
+    by_key = {r.trial_key: r.metrics for r in result.records}
+    for r in result.records:
+        m = r.metrics
+        assert {"raw_bit_errors", "words_corrected", "words_due", "words_silent",
+                "detected"} <= set(m)
+        assert m["detected"] == int(m["words_due"] > 0)
+    low = [m for k, m in by_key.items() if "ber=0.001" in k]
+    assert all(m["words_silent"] == 0 and m["accuracy"] == 1.0 for m in low)  # corrected
+    assert sum(m["words_corrected"] for m in low) > 0
+    assert "raw_bit_errors" not in raw.records[0].metrics
+
+
+def test_a_spec_with_storage_round_trips_and_bad_storage_is_refused():
+    spec = bf.FaultSpec(format=bf.MX("float4_e2m1fn"), ber=1e-3, seed=3,
+                        storage={"word_bits": 64, "protection": {"scale": "secded"},
+                                 "pattern": {"kind": "mbu", "sizes": {1: 0.9, 2: 0.1}}})
+    assert bf.FaultSpec.from_dict(spec.to_dict()) == spec
+    assert spec.memory.storage.scheme("scale") == SecDed()
+    assert spec.memory.storage.overhead(spec.format) == {"codes": 0.0, "scale": 8 / 64}
+    fmap = spec.map_for("fc.weight", (4, 64))
+    assert fmap.planes["scale"].meta["outcomes"]["words"] >= 0
+    assert fmap == spec.map_for("fc.weight", (4, 64))
+    with pytest.raises(ArgumentError, match="word_bits"):
+        bf.Memory(bf.Float("float6_e2m3fn"), bf.BitFlip(), storage={"word_bits": 64})
+    with pytest.raises(ArgumentError, match="policy"):
+        bf.Memory(bf.IntQuant(8), bf.BitFlip(),
+                  storage={"protection": {"kind": "secded", "policy": "zero"}})
+    with pytest.raises(ArgumentError, match="fault"):
+        bf.Memory(bf.IntQuant(8), bf.StuckAt(1), storage={})
+    with pytest.raises(ArgumentError, match="protection"):
+        bf.Memory(bf.IntQuant(8), bf.BitFlip(), storage={"protection": {"min": "parity"}})
+    with pytest.raises(ArgumentError, match="storage"):
+        bf.Memory(bf.IntQuant(8), bf.BitFlip(), storage={"words": 64})
+    with pytest.raises(ArgumentError, match="count"):
+        bf.FaultSpec(format=bf.IntQuant(8), count=3, storage={})
+
+
+def test_a_run_config_takes_the_memory_and_checks_it_before_anything_runs(tmp_path):
+    from bitfault.config import ConfigError, load_config
+
+    base = {"recipes": [{"name": "a", "format": {"kind": "int_quant", "bits": 8}}],
+            "campaign": {"bers": [0.01], "chips": 2,
+                         "memory": {"word_bits": 64, "protection": "secded",
+                                    "pattern": {"kind": "mbu", "sizes": {1: 0.8, 2: 0.2}}}}}
+    config = load_config(base)
+    assert config.campaign.memory["protection"] == {"kind": "secded", "policy": "flag"}
+    assert load_config(config.to_dict()).campaign.memory == config.campaign.memory
+    bad = {**base, "campaign": {**base["campaign"], "memory": {"protection": "ecc"}}}
+    with pytest.raises(ConfigError, match="campaign.memory"):
+        load_config(bad)
