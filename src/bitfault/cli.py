@@ -145,12 +145,14 @@ def _parser() -> argparse.ArgumentParser:
 
     i = sub.add_parser("inject", help="apply a fault spec or saved maps to a saved model and "
                        "write the faulty copy")
-    i.add_argument("model", help="a PyTorch state_dict (.pt/.pth) or a Keras .keras file")
+    i.add_argument("model", help="a PyTorch state_dict (.pt/.pth), a Keras .keras file or a "
+                   "GGUF file (.gguf: faulted in the blocks it stores)")
     i.add_argument("--spec", default=None, help="fault spec file (.json/.yaml of "
                    "FaultSpec.to_dict())")
     i.add_argument("--map", action="append", default=[], dest="maps", metavar="MAP",
                    help="fault map .npz (repeatable); each applies to the tensor it names")
     i.add_argument("--output", required=True, help="where to write the faulty model")
+    i.add_argument("--overwrite", action="store_true", help="replace an existing --output")
     _framework(i, "framework of MODEL (default: from its suffix)")
 
     m = sub.add_parser("map", help="draw a random fault map and save it as .npz")
@@ -266,7 +268,7 @@ def _inject(args: argparse.Namespace, reporter: Any) -> tuple[dict[str, Any], st
     from bitfault.jobs import inject_file
 
     out = inject_file(args.model, args.output, spec=args.spec, maps=args.maps,
-                      framework=args.framework)
+                      framework=args.framework, overwrite=args.overwrite)
     lines = [f"{name} {tuple(t['shape'])}: {t['faults']} faulty bits, {t['changed_values']} "
              "values changed" for name, t in out["tensors"].items()]
     lines.append(f"wrote {out['output']}: {out['faults']} faulty bits in {len(out['tensors'])} "

@@ -52,9 +52,9 @@ def test_a_failed_write_leaves_the_old_output(model: Path, tmp_path: Path,
 
     monkeypatch.setattr(torch, "save", half_write)
     with pytest.raises(OSError, match="No space"):
-        inject_file(model, out, spec=tmp_path / "spec.json")
+        inject_file(model, out, spec=tmp_path / "spec.json", overwrite=True)
     assert out.read_bytes() == b"an earlier faulty copy"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["faulty.pt", "m.pt", "spec.json"]
     monkeypatch.undo()
-    inject_file(model, out, spec=tmp_path / "spec.json")
+    inject_file(model, out, spec=tmp_path / "spec.json", overwrite=True)
     assert set(torch.load(out, weights_only=True)) == {"fc.weight", "fc.bias"}

@@ -8,7 +8,12 @@ built of those modules exactly what ``inject_`` faults), the biases the ``*.bias
 beside them; include/exclude patterns narrow them (include patterns may name any float
 tensor); a tied tensor is faulted once. Keras: a ``.keras`` file; the kernels and biases
 of Dense, EinsumDense, ConvND and Embedding layers (``bitfault.keras.select_tensors``),
-named and mapped in PyTorch layout as everywhere in bitfault.
+named and mapped in PyTorch layout as everywhere in bitfault. GGUF: a ``.gguf`` file, each
+tensor faulted in the layout the file stores (``bitfault.gguf_memory``: Q8_0/Q4_0/Q4_1
+codes, scales and minimums, F32/F16/BF16 words; maps named by the GGUF tensor name,
+``"<name>:scale"`` for a plane), the spec's format unused; the copy differs from the
+input exactly at the faulted bits. An existing output is replaced only with
+``overwrite`` (``--overwrite``).
 Maps are applied to the tensors they name. Each chosen tensor becomes
 ``bitfault.inject(tensor, format, fault, map)``: stored in the format, faulted,
 decoded, exactly what the chip would hand back.
@@ -25,7 +30,8 @@ from typing import Any
 import numpy as np
 
 from bitfault.config import read_config_file
-from bitfault.faults import BitFlip, fault_from_dict
+from bitfault.errors import ArgumentError
+from bitfault.faults import BitFlip, FaultModel, fault_from_dict
 from bitfault.formats import format_from_dict
 from bitfault.inject import inject_with_stats
 from bitfault.maps import FaultMap
@@ -33,7 +39,7 @@ from bitfault.spec import FaultSpec
 from bitfault.targets import Targets
 
 SAVED_KINDS = ("weights", "biases")  # what a saved model holds (activations: at run time)
-FRAMEWORK_BY_SUFFIX = {".pt": "torch", ".pth": "torch", ".keras": "keras"}
+FRAMEWORK_BY_SUFFIX = {".pt": "torch", ".pth": "torch", ".keras": "keras", ".gguf": "gguf"}
 Saver = Callable[[str], Any]
 
 
@@ -84,13 +90,15 @@ def detect_framework(model_file: str | os.PathLike[str], framework: str | None) 
                          f"{framework}")
     if framework is None and found is None:
         raise ValueError(f"{os.fspath(model_file)}: cannot tell the framework from the suffix "
-                         f"{suffix!r} (.pt/.pth: torch, .keras: keras); pass --framework")
+                         f"{suffix!r} (.pt/.pth: torch, .keras: keras, .gguf: a GGUF file); "
+                         "pass --framework")
     return framework or found
 
 
-def check_output(model_file: str | os.PathLike[str], output: str | os.PathLike[str]) -> None:
-    """Refuse an output that is the input model (also through another path or a link) or a
-    directory: the clean weights must survive."""
+def check_output(model_file: str | os.PathLike[str], output: str | os.PathLike[str],
+                 overwrite: bool = True) -> None:
+    """Refuse an output that is the input model (also through another path or a link), a
+    directory, or (unless ``overwrite``) an existing file: the clean weights must survive."""
     if os.path.isdir(output):
         raise IsADirectoryError(f"--output {os.fspath(output)}: is a directory; give the file "
                                 "to write")
@@ -98,6 +106,10 @@ def check_output(model_file: str | os.PathLike[str], output: str | os.PathLike[s
         raise ValueError(f"--output {os.fspath(output)}: is the input model "
                          f"{os.fspath(model_file)}; writing the faulty copy there would "
                          "replace the clean weights (choose another output path)")
+    if os.path.exists(output) and not overwrite:
+        raise ArgumentError("output", os.fspath(output), "a path that does not exist, or "
+                            "--overwrite", requirement=f"--output {os.fspath(output)}: exists; "
+                            "pass --overwrite (overwrite=True) to replace it")
 
 
 def write_atomically(output: str | os.PathLike[str], save: Callable[[str], Any]) -> None:
@@ -115,12 +127,14 @@ def write_atomically(output: str | os.PathLike[str], save: Callable[[str], Any])
 
 def inject_file(model_file: str | os.PathLike[str], output: str | os.PathLike[str], *,
                 spec: Any = None, maps: Sequence[str | os.PathLike[str]] = (),
-                framework: str | None = None) -> dict[str, Any]:
+                framework: str | None = None, overwrite: bool = False) -> dict[str, Any]:
     """Write a faulty copy of ``model_file`` to ``output``; returns what was faulted.
 
     ``spec``: a FaultSpec (or its dict or file); ``maps``: fault map files (npz), each
     applied to the tensor it names. With both, the spec's format and fault model apply
-    to the maps; with maps only, the format and fault model the maps record.
+    to the maps; with maps only, the format and fault model the maps record (a GGUF file:
+    the formats it stores, the fault model of the spec or the maps, else bit flips).
+    ``overwrite``: replace an existing ``output``.
     """
     if spec is None and not maps:
         raise ValueError("give a fault spec (--spec) or at least one fault map (--map)")
@@ -128,6 +142,9 @@ def inject_file(model_file: str | os.PathLike[str], output: str | os.PathLike[st
         raise FileNotFoundError(f"{os.fspath(model_file)}: no such model file")
     framework = detect_framework(model_file, framework)
     fspec = None if spec is None else load_spec(spec)
+    if framework == "gguf":
+        return _inject_gguf(model_file, output, fspec, _load_maps(maps) if maps else None,
+                            overwrite)
     if maps:
         fspec = _spec_from_maps(_load_maps(maps), fspec)
     saved = tuple(k for k in fspec.targets.kinds if k in SAVED_KINDS)
@@ -136,7 +153,7 @@ def inject_file(model_file: str | os.PathLike[str], output: str | os.PathLike[st
         raise ValueError("spec targets 'activations': activation faults happen at run time "
                          "(bitfault.torch.inject_ / bitfault.keras.inject); a saved model "
                          "holds weights and biases only")
-    check_output(model_file, output)
+    check_output(model_file, output, overwrite)
     if framework == "keras" and not os.fspath(output).endswith(".keras"):
         raise ValueError(f"{os.fspath(output)}: a Keras model is written as a .keras file")
     targets = Targets(saved or SAVED_KINDS, fspec.targets.include, fspec.targets.exclude)
@@ -150,6 +167,44 @@ def inject_file(model_file: str | os.PathLike[str], output: str | os.PathLike[st
             "fault": fspec.fault.to_dict(), "tensors": tensors,
             "faults": sum(t["faults"] for t in tensors.values()),
             "changed_values": sum(t["changed_values"] for t in tensors.values())}
+
+
+def _inject_gguf(model_file: Any, output: Any, spec: FaultSpec | None,
+                 maps: dict[str, FaultMap] | None, overwrite: bool) -> dict[str, Any]:
+    from bitfault.gguf_memory import GGUFMemory
+
+    check_output(model_file, output, overwrite)
+    memory = GGUFMemory.open(model_file)
+    if maps is not None:
+        fault = spec.fault if spec is not None else _recorded_fault(maps)
+        chosen = memory.group_maps(maps)
+    elif spec is not None and spec.maps is not None:
+        fault, chosen = spec.fault, memory.group_maps(spec.maps)
+    else:
+        assert spec is not None
+        saved = tuple(k for k in spec.targets.kinds if k in SAVED_KINDS)
+        if not saved:
+            raise ValueError("spec targets 'activations': activation faults happen at run "
+                             "time; a GGUF file holds weights and biases only")
+        fault = spec.fault
+        chosen = memory.random_maps(ber=spec.ber, count=spec.count, seed=spec.seed,
+                                    targets=Targets(saved, spec.targets.include,
+                                                    spec.targets.exclude), fault=fault)
+    if not chosen:
+        raise ValueError(f"{os.fspath(model_file)}: no tensor to fault (targets chose none "
+                         f"of {len(memory.names)} tensors)")
+    tensors = memory.write(output, chosen, fault, overwrite=overwrite)
+    return {"input": os.fspath(model_file), "output": os.fspath(output),
+            "framework": "gguf", "format": None, "fault": fault.to_dict(),
+            "tensors": tensors, "faults": sum(t["faults"] for t in tensors.values()),
+            "changed_values": sum(t["changed_values"] for t in tensors.values())}
+
+
+def _recorded_fault(maps: dict[str, FaultMap]) -> FaultModel:
+    """The fault model the maps record, when they agree; bit flips otherwise."""
+    faults = {json.dumps(m.meta.get("fault"), sort_keys=True) for m in maps.values()}
+    data = json.loads(faults.pop()) if len(faults) == 1 else None
+    return fault_from_dict(data) if data else BitFlip()
 
 
 def _apply(name: str, clean: np.ndarray, spec: FaultSpec) -> tuple[np.ndarray, dict[str, Any]]:
