@@ -54,6 +54,17 @@ def test_figure_files_are_unique_per_recipe(tmp_path: Path) -> None:
     assert Path(out["html"]).read_text().count('data-file="bits_') == 2
 
 
+def test_a_block_format_gets_one_bit_heatmap_per_plane(tmp_path: Path, figures) -> None:
+    rows = {"m": rate_rows({0.01: 0.8})}
+    bits = [{**r, "bit": b} for r, b in zip(bit_rows(range(6)), [0, 1, 2, 3, "scale.0",
+                                                                  "scale.7"], strict=True)]
+    out = build_report(tmp_path, rows, bit_rows={"m": bits},
+                       formats={"m": {"kind": "mx", "element": "float4_e2m1fn"}})
+    assert sorted(k for k in out if k.startswith("bits_")) == ["bits_m", "bits_m_scale"]
+    labels = [[t.get_text() for t in f.axes[0].get_yticklabels()] for f in figures[-2:]]
+    assert labels[0][0].startswith("3") and labels[1] == ["7 (MSB)", "0 (LSB)"]
+
+
 def test_file_stems() -> None:
     stems = file_stems(["x+y", "x_y", "A", "a", ".", "normal-fixed32"])
     assert stems["x_y"] == "x_y" and stems["normal-fixed32"] == "normal-fixed32"

@@ -9,6 +9,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from bitfault.formats import format_from_dict, plane_formats
+from bitfault.formats.blocks import CODES
 from bitfault.report.html import Table, write_html, write_rows
 from bitfault.report.labels import bit_roles, fault_phrase, file_stems, rate_label, rate_name
 from bitfault.report.plots import plot_heatmap, plot_rate_sweep, plot_training
@@ -66,20 +68,26 @@ def build_report(
                     "dashed" + (", chance level dash-dotted grey." if chance is not None
                                 else "."), out["rate_sweep"]))
     for kind, (rows_by_model, by) in groups.items():
-        unit = "tensor" if by == "target" else "bit position"
-        for model, rows in rows_by_model.items():
-            if not rows:
+        for model, all_rows in rows_by_model.items():
+            if not all_rows:
                 continue
-            key = f"{kind}_{stems[model]}"
-            roles = bit_roles(formats[model]) if by == "bit" and formats and model in formats \
-                else None
-            out[key] = plot_heatmap(rows, os.path.join(out_dir, f"{key}.png"), by=by,
-                                    title=f"{model}: mean accuracy with faults confined to one "
-                                          f"{unit}", fault=fault, bit_roles=roles,
-                                    chance=chance)
-            note = (" (bit 0 is the least significant; the most significant, the sign bit in "
-                    "signed formats, is at the top)" if by == "bit" else "")
-            figures.append((f"{model}: sensitivity per {unit}{note}", out[key]))
+            parts = split_bit_rows(all_rows) if by == "bit" else {CODES: list(all_rows)}
+            for plane, rows in parts.items():
+                unit = "tensor" if by == "target" else "bit position" if plane == CODES \
+                    else f"bit of the {plane} words"
+                key = f"{kind}_{stems[model]}" + ("" if plane == CODES else f"_{plane}")
+                roles = None
+                if by == "bit" and formats and model in formats:
+                    fmt = formats[model]
+                    fmt = format_from_dict(fmt) if isinstance(fmt, Mapping) else fmt
+                    roles = bit_roles(plane_formats(fmt)[plane])
+                out[key] = plot_heatmap(rows, os.path.join(out_dir, f"{key}.png"), by=by,
+                                        title=f"{model}: mean accuracy with faults confined to "
+                                              f"one {unit}", fault=fault, bit_roles=roles,
+                                        chance=chance)
+                note = (" (bit 0 is the least significant; the most significant, the sign bit "
+                        "in signed formats, is at the top)" if by == "bit" else "")
+                figures.append((f"{model}: sensitivity per {unit}{note}", out[key]))
     if histories:
         out["training"] = plot_training(histories, os.path.join(out_dir, "training.png"))
         figures.append(("Training loss and test accuracy per epoch (clean stored weights; "
@@ -130,5 +138,26 @@ def model_rate_table(rate_rows: Mapping[str, Sequence[Mapping[str, Any]]],
     return table, columns
 
 
-__all__ = ["build_report", "model_rate_table", "plot_heatmap", "plot_rate_sweep",
-           "plot_training", "write_html", "write_rows"]
+def split_bit_rows(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """A bit sweep's rows by plane: the codes' bits (ints, field names) under "codes", a
+    block format's other planes' bits (``"scale.7"``) under their plane, as ints."""
+    parts: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        bit, plane = row["bit"], CODES
+        if isinstance(bit, str) and "." in bit and bit.rsplit(".", 1)[1].isdigit():
+            plane, index = bit.rsplit(".", 1)
+            bit = int(index)
+        parts.setdefault(plane, []).append({**row, "bit": bit})
+    return parts
+
+
+__all__ = [
+    "build_report",
+    "model_rate_table",
+    "plot_heatmap",
+    "plot_rate_sweep",
+    "plot_training",
+    "split_bit_rows",
+    "write_html",
+    "write_rows",
+]
