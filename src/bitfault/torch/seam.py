@@ -8,9 +8,10 @@ The only module that chooses a kernel; every path gives the bits ``bitfault.inje
 * the float32 fast paths (``ops.float32``): FixedPoint "saturate", Float("float32") and
   IntQuant, on any device;
 * the generic path (``ops.generic``): every format, overflow policy and float dtype;
-* block formats (``ops.blocks``): every plane encoded, faulted and decoded in tensor ops
-  (native kernels for MX, NVFP4, GGUF and GroupwiseInt; the NumPy core on the host for
-  any other ``BlockFormat``).
+* block formats: on float32 CPU tensors with Numba, one compiled pass per block for MX,
+  NVFP4, GGUF and GroupwiseInt (``ops.block_numba``); otherwise every plane encoded,
+  faulted and decoded in tensor ops (``ops.blocks``: native kernels for those formats, the
+  NumPy core on the host for any other ``BlockFormat``).
 
 bfloat16 goes through float32 and is rounded back by PyTorch's cast. ``inject_``,
 ``fit``, ``quantised_weights`` and ``TorchEvaluator`` all come through here.
@@ -31,7 +32,7 @@ from bitfault.faults import FaultModel, check_fault_model
 from bitfault.formats import BlockFormat, FixedPoint, Float, Format, IntQuant, is_format
 from bitfault.maps import FaultMap
 from bitfault.memory import check_map_fits
-from bitfault.torch.ops import block_kernels, float32, generic, numba
+from bitfault.torch.ops import block_kernels, block_numba, float32, generic, numba
 from bitfault.torch.ops import blocks as block_ops
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -168,6 +169,14 @@ def compiled_for(x: torch.Tensor, fmt: Format) -> bool:
         _compiled_format(fmt, x.ndim)
 
 
+def block_compiled_for(x: torch.Tensor, fmt: Format) -> bool:
+    """Whether the compiled block kernels (``ops.block_numba``) compute ``x`` in block format
+    ``fmt``: a non-empty float32 CPU tensor, Numba available, MX, NVFP4, GGUF or GroupwiseInt."""
+    return isinstance(fmt, BlockFormat) and block_numba.compiled(fmt) and \
+        x.dtype == torch.float32 and x.device.type == "cpu" and x.numel() > 0 and \
+        numba_available()
+
+
 def compiled_pass(fmt: FixedPoint | IntQuant, fault: FaultModel,
                   fmap: FaultMap) -> Callable[[np.ndarray, np.ndarray], bool]:
     """The compiled kernel of one map, for a tensor ``compiled_for`` accepts: ``call(x, out)``
@@ -181,10 +190,14 @@ class _FusedPass:
     each tensor's kernel, and the memory of the last output, written again once nothing
     else holds it."""
 
-    def __init__(self, fmt: FixedPoint | IntQuant, fault: FaultModel, faults: DeviceFaults,
+    def __init__(self, fmt: Format, fault: FaultModel, faults: DeviceFaults,
                  shapes: Sequence[tuple[int, ...]]) -> None:
-        self.calls = [numba.bind(fmt, fault, index, masks, shape)
-                      for (index, masks), shape in zip(faults.host_parts(), shapes, strict=True)]
+        if isinstance(fmt, BlockFormat):  # one compiled pass per block
+            self.calls = [block_numba.bind(fmt, fault, f) for f in faults.blocks]
+        else:
+            self.calls = [numba.bind(fmt, fault, index, masks, shape)  # type: ignore[arg-type]
+                          for (index, masks), shape in zip(faults.host_parts(), shapes,
+                                                           strict=True)]
         self.spans = [(o, o + n, shape) for o, n, shape in
                       zip(faults.offsets, faults.sizes, shapes, strict=True)]
         self.total = sum(faults.sizes)
@@ -220,11 +233,11 @@ class _FusedPass:
         return views
 
 
-def _fused_group(xs: Sequence[torch.Tensor], fmt: FixedPoint | IntQuant, fault: FaultModel,
+def _fused_group(xs: Sequence[torch.Tensor], fmt: Format, fault: FaultModel,
                  faults: DeviceFaults, reuse_output: bool) -> list[torch.Tensor]:
-    """FixedPoint "saturate" or IntQuant (per tensor / per channel on axis 0) on float32 CPU
-    tensors: one compiled pass per tensor into one flat output, its plan kept with
-    ``faults``."""
+    """FixedPoint "saturate", IntQuant (per tensor / per channel on axis 0) or a compiled
+    block format on float32 CPU tensors: one compiled pass per tensor into one flat output,
+    its plan kept with ``faults``."""
     kept = faults.__dict__.get("_fused")  # (fmt, fault, plan): the same objects call after call
     if kept is None or kept[0] is not fmt or kept[1] is not fault:
         if kept is None or kept[0] != fmt or kept[1] != fault:
@@ -260,8 +273,13 @@ def faulty_group(xs: Sequence[torch.Tensor], fmt: Format, fault: FaultModel, fau
             raise ValueError("faults for a block format come from DeviceFaults.of(maps, fmt, "
                              "fault, device)")
         if dtype == torch.bfloat16:  # through float32, rounded back by PyTorch's cast
-            return [block_ops.faulty_blocks(x.to(torch.float32), fmt, fault, f, strict)
-                    .to(torch.bfloat16) for x, f in zip(xs, faults.blocks, strict=True)]
+            outs = faulty_group([x.to(torch.float32) for x in xs], fmt, fault, faults, strict)
+            return [o.to(torch.bfloat16) for o in outs]
+        if all(block_compiled_for(x, fmt) for x in xs):
+            if strict:
+                return [_strict_block(x, fmt, fault, f) for x, f in
+                        zip(xs, faults.blocks, strict=True)]
+            return _fused_group(xs, fmt, fault, faults, reuse_output)
         return [block_ops.faulty_blocks(x, fmt, fault, f, strict)
                 for x, f in zip(xs, faults.blocks, strict=True)]
     if dtype == torch.bfloat16:
@@ -291,6 +309,18 @@ def faulty_group(xs: Sequence[torch.Tensor], fmt: Format, fault: FaultModel, fau
     return outs
 
 
+def _strict_block(x: torch.Tensor, fmt: BlockFormat, fault: FaultModel,
+                  faults: block_ops.BlockFaults) -> torch.Tensor:
+    """The compiled block pass of one tensor; NaN, inf or a scale the format cannot store
+    raise the core's error."""
+    if not bool(torch.isfinite(x).all()):
+        fmt.encode(x.numpy())  # raises the core's error, naming the value
+    out = torch.empty(tuple(x.shape), dtype=torch.float32)
+    if not block_numba.bind(fmt, fault, faults)(x.reshape(-1).numpy(), out.view(-1).numpy()):
+        fmt.encode(x.numpy())  # raises the core's error (a scale it cannot store)
+    return out
+
+
 def inject_tensor(x: torch.Tensor, fmt: Format, fault: FaultModel, fmap: FaultMap) -> torch.Tensor:
     """The faulty values of ``x``: encode in ``fmt``, apply ``fault`` at ``fmap``, decode.
 
@@ -308,7 +338,7 @@ def inject_tensor(x: torch.Tensor, fmt: Format, fault: FaultModel, fmap: FaultMa
                         f"format), got {fmt!r}")
     check_fault_model(fault)
     check_map_fits(fmap, tuple(x.shape), fmt)
-    if compiled_for(x, fmt):  # the compiled pass, straight from the map
+    if compiled_for(x, fmt) and not isinstance(fmt, BlockFormat):  # straight from the map
         out = torch.empty(tuple(x.shape), dtype=torch.float32)
         if compiled_pass(fmt, fault, fmap)(x.detach().reshape(-1).numpy(),
                                            out.view(-1).numpy()):

@@ -1,0 +1,160 @@
+"""Block formats in one compiled pass per block (Numba), for float32 tensors on the CPU.
+
+The eager kernels (``ops.block_kernels``) run about a dozen tensor passes per weight (to
+blocks, statistics, scale, rounding key, two lookups, product, back). The loops of
+``ops.block_loops`` visit each block once, straight from the tensor (the block axis last:
+other axes are moved there first; the last block of a row padded
+with zeros): its statistics, its scale words, its element codes, the faults of that block
+in every plane, and the decoded values, written once into the output.
+
+The arithmetic is the core's (``formats.mx``, ``nvfp4``, ``gguf``, ``groupwise``): the same
+float32 operations in the same order, small floats rounded by the core's key table
+(``formats.mx.round_to_element`` on one representative per key) and decoded by the core's
+decode of every word, fp16 rounded to nearest even (inf beyond 65504) and decoded by a
+table of the core's fp16 values. ``bitfault.torch.seam`` decides when these kernels run.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Callable
+
+import numpy as np
+
+from bitfault.faults import FaultModel
+from bitfault.formats import BlockFormat, Float
+from bitfault.formats.gguf import GGUF
+from bitfault.formats.groupwise import GroupwiseInt
+from bitfault.formats.minifloat import SMALL_FLOATS
+from bitfault.formats.mx import EMAX_ELEM, MX, round_to_element
+from bitfault.formats.nvfp4 import NVFP4
+from bitfault.torch.ops import block_loops
+from bitfault.torch.ops.blocks import BlockFaults
+from bitfault.torch.ops.numba import fault_op
+
+_GGUF = {"q8_0": 0, "q4_0": 1, "q4_1": 2}
+KERNEL_TYPES = (MX, NVFP4, GGUF, GroupwiseInt)
+
+
+def compiled(fmt: BlockFormat) -> bool:
+    """Whether ``fmt``'s exact type has a compiled kernel (a subclass may change the
+    arithmetic: it does not)."""
+    return type(fmt) in KERNEL_TYPES
+
+
+# ---- the core's tables as arrays ------------------------------------------------------------
+
+@functools.cache
+def encode_table(name: str) -> tuple[np.ndarray, int, int]:
+    """(the saturating code of every rounding key of small float ``name``, as uint8; the
+    key's shift; its mask): ``round_to_element`` on one representative per key."""
+    shift = 21 - SMALL_FLOATS[name].mantissa
+    reps = (np.arange(1 << (32 - shift), dtype=np.uint32) << np.uint32(shift)).view(np.float32)
+    with np.errstate(invalid="ignore"):
+        table = round_to_element(reps, name).astype(np.uint8)
+    return table, shift, (1 << (32 - shift)) - 1
+
+
+@functools.cache
+def decode_table(name: str) -> np.ndarray:
+    """The float32 value of every word of ``name`` (a small float, or "float16"), as the
+    core decodes it."""
+    if name == "float16":
+        return np.arange(1 << 16).astype(np.uint16).view(np.float16).astype(np.float32)
+    fmt = Float(name)
+    with np.errstate(all="ignore"):
+        return np.ascontiguousarray(fmt.decode(np.arange(1 << fmt.bits)), dtype=np.float32)
+
+
+# ---- compiling and binding --------------------------------------------------------------------
+
+@functools.cache
+def _kernels() -> dict[type, Callable]:
+    """Compile on first use (cached on disk where Numba can write): the helpers first,
+    inlined into the loops."""
+    import numba
+
+    def jit(fn: Callable, **options: str) -> Callable:
+        try:
+            return numba.njit(nogil=True, cache=True, boundscheck=False, **options)(fn)
+        except Exception:  # no writable cache directory: compile in memory every process
+            return numba.njit(nogil=True, boundscheck=False, **options)(fn)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Numba's notes on caching
+        for name in block_loops.HELPERS:
+            setattr(block_loops, name, jit(getattr(block_loops, name), inline="always"))
+        loops = [jit(getattr(block_loops, name)) for name in block_loops.KERNELS]
+        return dict(zip((MX, NVFP4, GGUF, GroupwiseInt), loops, strict=True))
+
+
+def _small(name: str) -> tuple:
+    table, shift, key_mask = encode_table(name)
+    return table, shift, key_mask, decode_table(name)
+
+
+def _format_args(fmt: BlockFormat) -> tuple:
+    """The format's constants and tables, in the kernel's order after ``op``."""
+    if isinstance(fmt, MX):
+        e8m0 = decode_table("float8_e8m0fnu")
+        if fmt.element == "int8":
+            none = np.zeros(1, np.uint8), 0, 0, np.zeros(1, np.float32)
+            return True, EMAX_ELEM["int8"], *none, 0xFF, e8m0
+        bits = SMALL_FLOATS[fmt.element].bits
+        return False, EMAX_ELEM[fmt.element], *_small(fmt.element), (1 << bits) - 1, e8m0
+    if isinstance(fmt, NVFP4):
+        return (*_small("float4_e2m1fn"), *_small("float8_e4m3fn"))
+    if isinstance(fmt, GGUF):
+        return _GGUF[fmt.type], decode_table("float16")
+    lo, hi = fmt.code_range
+    return fmt.symmetric, fmt.bits, lo, hi, decode_table("float16")
+
+
+def _fault_arrays(fmt: BlockFormat, faults: BlockFaults) -> tuple:
+    """(cstart, cslot, cmask, bmask, tmask): the faults of every plane, by block."""
+    lay = faults.layout
+    pos, masks = faults.host.get("codes", (np.zeros(0, np.int64), np.zeros(0, np.int64)))
+    order = np.argsort(pos, kind="stable")
+    pos, masks = pos[order], masks[order]
+    cstart = np.searchsorted(pos // lay.k, np.arange(lay.n_blocks + 1)).astype(np.int64)
+    bmask = np.zeros((2, lay.n_blocks), np.int64)
+    tmask = 0
+    block_planes = [p.name for p in fmt.planes if p.per == "block"]
+    for name, (where, m) in faults.host.items():
+        if name in block_planes:
+            bmask[block_planes.index(name), where] = m
+        elif name != "codes":
+            tmask = int(m[0])
+    return cstart, np.ascontiguousarray(pos % lay.k), np.ascontiguousarray(masks), bmask, tmask
+
+
+def bind(fmt: BlockFormat, fault: FaultModel, faults: BlockFaults
+         ) -> Callable[[np.ndarray, np.ndarray], bool]:
+    """One tensor's kernel with all but its data bound: ``call(x, out)`` sets the flat
+    float32 ``out`` to decode(fault(encode(x))) of the flat float32 ``x`` (C order, the
+    shape of ``faults.layout``); False when a GroupwiseInt scale does not fit float16
+    (where the core raises). A block axis other than the last is moved last first."""
+    kernel = _kernels()[type(fmt)]
+    lay = faults.layout
+    rows = lay.n_blocks // lay.n_blocks_per_row if lay.n_blocks else 0
+    args = (rows, lay.length, lay.k, lay.n_blocks_per_row, *_fault_arrays(fmt, faults),
+            fault_op(fault), *_format_args(fmt))
+    if lay.axis == len(lay.shape) - 1:
+        def call(x: np.ndarray, out: np.ndarray) -> bool:
+            return bool(kernel(x, out, *args))
+
+        return call
+    shape, moved = lay.shape, lay.moved_shape
+
+    def call_moved(x: np.ndarray, out: np.ndarray) -> bool:
+        xm = np.ascontiguousarray(np.moveaxis(x.reshape(shape), lay.axis, -1)).reshape(-1)
+        om = np.empty_like(xm)
+        ok = bool(kernel(xm, om, *args))
+        np.copyto(out.reshape(shape), np.moveaxis(om.reshape(moved), -1, lay.axis))
+        return ok
+
+    return call_moved
+
+
+__all__ = ["KERNEL_TYPES", "bind", "compiled", "decode_table", "encode_table"]
