@@ -1,0 +1,131 @@
+"""What does memory protection buy, and which fault patterns still get through? (issue 18)
+
+The seed's MLP on the embedded MNIST digits (and with ``--models mlp,cnn`` the SmallCNN on
+Fashion-MNIST) with int8 and MXFP4 weights, trained normally, evaluated on fixed simulated
+chips whose weight memory (64-bit words) is unprotected, parity-protected or SEC-DED
+(72,64), for independent bit errors and for multi-bit upsets (1/2/3 adjacent bits with
+probability 0.7/0.2/0.1 per event), plus MXFP4 with SEC-DED on its scales only. Per rate:
+mean accuracy and the trial outcomes: detected (a word was detected uncorrectable, the
+"flag" policy), silent data corruption (not detected, accuracy more than 0.5 points below
+fault-free) and masked (the rest), with Wilson intervals. Also: the highest rate at which
+SEC-DED keeps the mean accuracy within 0.5 points of fault-free, and the cost of a
+protected campaign relative to the same campaign unprotected (one process).
+
+    python benchmarks/study_protection.py                 # the MLP
+    python benchmarks/study_protection.py --models mlp,cnn --chips 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from study_formats import SETTINGS, data
+
+import bitfault as bf
+from bitfault.campaign import rate_sweep, run
+from bitfault.recipes import Recipe
+from bitfault.stats import wilson_interval
+from bitfault.torch import TorchEvaluator
+from bitfault.torch.train import fit
+
+RATES = (1e-5, 1e-4, 1e-3, 3e-3, 1e-2, 3e-2)
+MBU = {"kind": "mbu", "sizes": {1: 0.7, 2: 0.2, 3: 0.1}}
+SCHEMES = {"none": "none", "parity": "parity", "secded": "secded"}
+
+
+def memories(fmt: bf.formats.Format) -> dict[tuple[str, str], bf.Memory]:
+    out = {}
+    for pattern_name, pattern in (("independent", {"kind": "independent"}), ("mbu", MBU)):
+        for name, scheme in SCHEMES.items():
+            out[(name, pattern_name)] = bf.Memory(fmt, bf.BitFlip(), storage={
+                "word_bits": 64, "protection": scheme, "pattern": pattern})
+        if isinstance(fmt, bf.MX):
+            out[("secded scales only", pattern_name)] = bf.Memory(fmt, bf.BitFlip(), storage={
+                "word_bits": 64, "protection": {"scale": "secded"}, "pattern": pattern})
+    return out
+
+
+def outcomes(records: list, clean: float, rates: tuple[float, ...]) -> dict[float, dict]:
+    out = {}
+    for rate in rates:
+        rows = [r.metrics for r in records if r.ber == rate]
+        detected = sum(m["detected"] for m in rows)
+        sdc = sum(not m["detected"] and m["accuracy"] < clean - 0.005 for m in rows)
+        n = len(rows)
+        out[rate] = {"accuracy": float(np.mean([m["accuracy"] for m in rows])), "n": n,
+                     **{k: (v / n, *wilson_interval(v, n)) for k, v in
+                        (("detected", detected), ("sdc", sdc),
+                         ("masked", n - detected - sdc))},
+                     "words_due": float(np.mean([m["words_due"] for m in rows])),
+                     "words_silent": float(np.mean([m["words_silent"] for m in rows]))}
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="mlp")
+    parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--cnn-epochs", type=int, default=5)
+    parser.add_argument("--cnn-train", type=int, default=10000)
+    parser.add_argument("--cnn-test", type=int, default=2000)
+    parser.add_argument("--chips", type=int, default=10)
+    parser.add_argument("--rates", default=",".join(f"{r:g}" for r in RATES))
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", default="study_protection")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    rates = tuple(float(r) for r in args.rates.split(","))
+    out, stores = Path(args.out), Path(tempfile.mkdtemp(prefix="study_protection_"))
+    out.mkdir(parents=True, exist_ok=True)
+    results, lines, costs = {}, [], {}
+    for model_name in args.models.split(","):
+        setting = SETTINGS[model_name]
+        xtr, ytr, xte, yte = data(model_name, args)
+        for fmt_name, fmt in (("int8", bf.IntQuant(8)),
+                              ("mxfp4", bf.MX("float4_e2m1fn", axis=setting["axis"]))):
+            model = setting["build"]()
+            fit(model, xtr, ytr, Recipe.normal(fmt),
+                epochs=args.epochs if model_name == "mlp" else args.cnn_epochs,
+                batch_size=100, lr=setting["lr"], seed=0)
+            evaluator = TorchEvaluator(model, xte, yte)
+            trials = rate_sweep(rates, args.chips, base_seed=1000)
+            for (scheme, pattern), memory in memories(fmt).items():
+                store = stores / f"{model_name}-{fmt_name}-{scheme}-{pattern}.db".replace(" ", "_")
+                start = time.perf_counter()
+                result = run(evaluator, trials, memory, store)
+                costs[(model_name, fmt_name, scheme, pattern)] = time.perf_counter() - start
+                clean = result.clean["accuracy"]
+                res = outcomes(result.records, clean, rates)
+                results[(model_name, fmt_name, scheme, pattern)] = {"clean": clean, "rates": res}
+                keep = [r for r in rates if res[r]["accuracy"] >= clean - 0.005]
+                kept = max(keep) if keep and keep[0] == rates[0] else None
+                cells = " | ".join(
+                    f"{100 * res[r]['accuracy']:.1f} ({100 * res[r]['sdc'][0]:.0f}/"
+                    f"{100 * res[r]['detected'][0]:.0f})" for r in rates)
+                lines.append(f"| {model_name} | {fmt_name} | {scheme} | {pattern} | "
+                             f"{100 * clean:.1f} | {cells} | {kept if kept else '-'} |")
+                print(lines[-1], file=sys.stderr)
+    head = ("| model | format | protection | pattern | clean | "
+            + " | ".join(f"p={r:g}" for r in rates) + " | within 0.5 pt up to |")
+    table = "\n".join([head, "|---|---|---|---|---:|" + "---:|" * (len(rates) + 1), *lines])
+    ratio = {f"{m}/{f}/{p}": costs[(m, f, "secded", p)] / costs[(m, f, "none", p)]
+             for (m, f, s, p) in costs if s == "secded"}
+    text = (table + "\n\ncells: mean accuracy % (SDC % / detected % of trials)\n\n"
+            "campaign time, SEC-DED / unprotected: "
+            + ", ".join(f"{k} {v:.2f}x" for k, v in ratio.items()))
+    print(text)
+    (out / "study_protection.md").write_text(text + "\n")
+    (out / "study_protection.json").write_text(json.dumps(
+        {"/".join(k): v for k, v in results.items()}, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
