@@ -34,7 +34,7 @@ def _f16_bits(u):  # pragma: no cover (compiled)
     m = u & 0x7FFFFF
     if e == 0xFF:
         return sign | 0x7C00 | (0x200 | (m >> 13) if m else 0)
-    if e < 103:  # below half the smallest fp16 subnormal (2**-25): zero
+    if e < 102:  # below half the smallest fp16 subnormal (2**-25): zero
         return sign
     if e < 113:  # an fp16 subnormal: 2**-24 units
         m |= 0x800000
