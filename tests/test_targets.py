@@ -89,13 +89,15 @@ def test_fault_spec_targets_are_targets_kinds_and_patterns():
     assert FaultSpec(ber=0.1, targets={"kinds": ["activations"]}).targets.kinds == (
         "activations",)
     assert "weights" in FaultSpec(ber=0.1).targets and "biases" not in FaultSpec(ber=0.1).targets
+    assert FaultSpec(ber=0.1, targets="buffers").targets.kinds == ("buffers",)
     with pytest.raises(ValueError, match=r"targets must be one of \('weights', 'biases', "
-                                         r"'activations'\), got 'buffers'"):
-        FaultSpec(ber=0.1, targets="buffers")
+                                         r"'activations', 'buffers'\), got 'running'"):
+        FaultSpec(ber=0.1, targets="running")
     spec = FaultSpec(ber=0.1, targets=Targets(include=("fc1.*",)))
     assert spec.targets == Targets(include=("fc1.*",))
     names = FaultSpec(ber=0.1, targets=["fc1.weight"]).targets
-    assert names == Targets(("weights", "biases", "activations"), include=("fc1.weight",))
+    assert names == Targets(("weights", "biases", "activations", "buffers"),
+                            include=("fc1.weight",))
     with pytest.raises(ValueError, match=r"got 'fc1.weight'"):
         FaultSpec(ber=0.1, targets=["weights", "fc1.weight"])
 

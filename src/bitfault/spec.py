@@ -36,7 +36,7 @@ from bitfault.maps import FaultMap
 from bitfault.memory import Memory, check_map_fits
 from bitfault.targets import Targets
 
-TARGETS = ("weights", "biases", "activations")
+TARGETS = ("weights", "biases", "activations", "buffers")
 PERSISTENCES = ("permanent", "transient")
 RESAMPLES = ("step", "forward")
 GRADIENTS = ("ste", "blocked")

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -41,8 +40,9 @@ from bitfault.campaign.evaluator import (
 from bitfault.formats import plane_formats
 from bitfault.formats.blocks import CODES
 from bitfault.maps import FaultMap
-from bitfault.memory import Memory, StoredArray
+from bitfault.memory import Memory
 from bitfault.torch.graph import TracedGraph, run_nodes
+from bitfault.torch.replica import ReplicaWrites, _Patched  # noqa: F401 (tests read it)
 from bitfault.torch.single_faults import SingleFaultPaths
 
 EVALUATED_KINDS = ("weights", "biases", "buffers")  # stored tensors; activations: inject_
@@ -54,15 +54,7 @@ def _faulty_in(fmap: FaultMap, plane: str, eligible: int) -> bool:
     return pmap is not None and bool(np.any(pmap.masks & np.uint32(eligible)))
 
 
-@dataclass(frozen=True)
-class _Patched:
-    """What a replica tensor holds: its stored values but at ``index`` (under ``key``)."""
-
-    key: tuple[str, tuple[str, str]]
-    index: np.ndarray
-
-
-class TorchEvaluator(SingleFaultPaths):
+class TorchEvaluator(SingleFaultPaths, ReplicaWrites):
     """A PyTorch model on a dataset, implementing the campaign ``Evaluator`` protocol.
 
     ``targets``: what ``bitfault.Targets.coerce`` takes, of kinds "weights", "biases"
@@ -73,17 +65,17 @@ class TorchEvaluator(SingleFaultPaths):
     ``batch_size``: examples per forward pass (None: all at once).
     ``fast_paths=False`` turns off graph reuse and the single-fault shortcut
     (every trial then runs the whole model). ``max_bytes`` bounds the stacked
-    activations of the single-fault path.
+    activations of the single-fault path. ``root=`` / ``name_prefix=`` name the tensors
+    as ``inject_`` does (``naming`` records it; the names enter ``model_digest``). A tied
+    tensor is one memory: one name, one map, every module using it sees its faults.
     """
 
     def __init__(self, model: Any, x: Any, y: Any, targets: Any = "weights", *,
                  filter_fn: Any = None, batch_size: int | None = None, device: str = "cpu",
-                 fast_paths: bool = True, max_bytes: int = 256 << 20) -> None:
+                 fast_paths: bool = True, max_bytes: int = 256 << 20, root: Any = None,
+                 name_prefix: str | None = None) -> None:
         import torch
         from torch import nn
-
-        from bitfault.torch.seam import check_float_dtype
-        from bitfault.torch.targets import select_tensors
 
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -104,20 +96,36 @@ class TorchEvaluator(SingleFaultPaths):
             raise ValueError("x and y must hold at least one example")
         self.x = xt.detach().to(self.device)
         self.labels = labels.astype(np.int64)
-        self.model = copy.deepcopy(model).to(self.device).eval()
         self.batch_size = batch_size
         self.fast_paths = bool(fast_paths)
         self.max_bytes = max_bytes
-        chosen = select_tensors(self.model, targets, filter_fn, kinds=EVALUATED_KINDS)
+        self._setup(model, targets, filter_fn, root, name_prefix, copy_model=True)
+
+    def _setup(self, model: Any, targets: Any, filter_fn: Any, root: Any,
+               name_prefix: str | None, copy_model: bool) -> None:
+        """Choose the tensors (public names, model paths, tied places) and the caches."""
+        from bitfault.torch.seam import check_float_dtype
+        from bitfault.torch.slots import join_name
+        from bitfault.torch.targets import Naming, select_tensors
+
+        naming = Naming.of(model, root, name_prefix)
+        self.naming = naming.to_dict()
+        self.model = (copy.deepcopy(model) if copy_model else model).to(self.device).eval()
+        chosen = select_tensors(self.model, targets, filter_fn, kinds=EVALUATED_KINDS,
+                                naming=naming)
         if not chosen:
             raise ValueError("targets selects no tensor of the model")
-        tensors = {t.name: t.tensor for t in chosen}
-        names = list(tensors)
-        for n in names:
-            check_float_dtype(tensors[n].dtype, f"target tensor {n!r}")
-        self.names = list(dict.fromkeys(names))
-        self._clean = {n: tensors[n].detach() for n in self.names}
-        self._owner = {n: n.rpartition(".") for n in self.names}  # name -> (module, ".", attr)
+        for t in chosen:
+            check_float_dtype(t.tensor.dtype, f"target tensor {t.name!r}")
+        self.names = [t.name for t in chosen]  # public names: the maps' names
+        paths = [join_name(t.module, t.attr) for t in chosen]
+        self._path = dict(zip(self.names, paths, strict=True))
+        # model path -> the other paths of a tied tensor (one memory)
+        self._aliases = {join_name(t.module, t.attr): [join_name(*p) for p in t.also]
+                         for t in chosen if t.also}
+        self._clean = {p: t.tensor.detach() if copy_model else t.tensor.detach().clone()
+                       for p, t in zip(paths, chosen, strict=True)}
+        self._owner = {p: (t.module, ".", t.attr) for p, t in zip(paths, chosen, strict=True)}
         self._key = MemoryKeys()  # the caches' key of a memory: its format and fault model
         self._views: dict[tuple[str, tuple[str, str]], tuple[np.ndarray, ...]] = {}
         self._patchable: dict[tuple[str, tuple[str, str]], tuple[Any, ...]] = {}
@@ -130,12 +138,13 @@ class TorchEvaluator(SingleFaultPaths):
     # ---- the Evaluator protocol ------------------------------------------------------------
 
     def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
-        return {n: tuple(self._clean[n].shape) for n in self.names}
+        return {n: tuple(self._clean[self._path[n]].shape) for n in self.names}
 
     def model_digest(self) -> str:
         arrays = {k: v.detach().cpu().float().numpy() if v.is_floating_point() else
                   v.detach().cpu().numpy() for k, v in self.model.state_dict().items()}
-        arrays["__targets__"] = np.array(self.names)
+        arrays["__targets__"] = np.array(self.names + [f"{k}={v}" for k, v in
+                                                       sorted(self.naming.items())])
         return digest_arrays(arrays)
 
     def data_digest(self) -> str:
@@ -148,10 +157,7 @@ class TorchEvaluator(SingleFaultPaths):
         out: list[np.ndarray | None] = [None] * len(batch_of_maps)
         singles: dict[str, list[tuple[int, int, int]]] = {}
         for k, maps in enumerate(batch_of_maps):
-            unknown = sorted(set(maps) - set(self.names))
-            if unknown:
-                raise ValueError(f"fault maps name unknown tensor(s) {unknown}; this evaluator's "
-                                 f"tensors are {self.names}")
+            maps = self._by_path(maps)
             faulted = {n: [p for p in planes if _faulty_in(m, p, eligible[p])]
                        for n, m in maps.items()}
             active = {n: m for n, m in maps.items() if faulted[n]}
@@ -173,6 +179,22 @@ class TorchEvaluator(SingleFaultPaths):
             for k, pred in self._predict_singles(name, faults, memory).items():
                 out[k] = pred
         return [np.asarray(p) for p in out]
+
+    def _by_path(self, maps: Maps) -> Maps:
+        """``maps`` keyed by model path (they come keyed by public name)."""
+        unknown = sorted(set(maps) - set(self.names))
+        if unknown:
+            raise ValueError(f"fault maps name unknown tensor(s) {unknown}; this evaluator's "
+                             f"tensors are {self.names}")
+        return {self._path[n]: m for n, m in maps.items()}
+
+    def _with_aliases(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """``params`` also under every other path of a tied tensor (for ``run_nodes``)."""
+        out = dict(params)
+        for path, others in self._aliases.items():
+            if path in params:
+                out.update(dict.fromkeys(others, params[path]))
+        return out
 
     # ---- pickling (Ray): caches are rebuilt on the worker ------------------------------------
 
@@ -226,87 +248,6 @@ class TorchEvaluator(SingleFaultPaths):
         return inject_tensor(self._clean[name].reshape(-1)[idx], memory.format, memory.fault,
                       gathered_map(fmap))
 
-    def _replica_tensors(self) -> dict[str, Any]:
-        """A replica of the model that trials write their tensors into, by name (cheaper
-        than ``functional_call``'s reparametrisation, and no copy for compiled formats)."""
-        if self._replica is None:
-            replica = copy.deepcopy(self.model)
-            tensors = dict(replica.named_parameters())
-            tensors.update(replica.named_buffers())
-            self._replica = (replica, tensors)
-        return self._replica[1]
-
-    def _forward(self, params: Mapping[str, Any]) -> np.ndarray:
-        """Predictions of the whole model with ``params`` in place of its tensors."""
-        import torch
-
-        tensors = self._replica_tensors()
-        with torch.no_grad():
-            for name, t in params.items():
-                if self._loaded.get(name) is not t:  # what the replica holds already stays
-                    tensors[name].copy_(t)
-                    self._loaded[name] = t
-        return self._run_replica()
-
-    def _run_replica(self) -> np.ndarray:
-        import torch
-
-        replica = self._replica[0]
-        preds = []
-        with torch.no_grad():
-            for b in self._batches():
-                logits = replica(self.x[b])
-                preds.append(predicted_labels(logits.float().cpu().numpy()))
-        return np.concatenate(preds)
-
-    def _write_faulty(self, name: str, fmap: FaultMap, memory: Memory) -> bool:
-        """Write the faulty tensor straight into the replica with the compiled kernel; False
-        where that does not apply (another device or dtype, a format it lacks, NaN or inf
-        in an IntQuant tensor), and the replica is then untouched or to be overwritten."""
-        from bitfault.torch.seam import compiled_for, compiled_pass
-
-        key = (name, self._key(memory))
-        views = self._views.get(key)
-        if views is None:  # flat NumPy views of the clean tensor and the replica's, kept
-            clean, dst = self._clean[name], self._replica_tensors()[name]
-            views = (clean.reshape(-1).numpy(), dst.detach().view(-1).numpy()) if (
-                compiled_for(clean, memory.format) and dst.is_contiguous()) else ()
-            self._views[key] = views
-        if not views:
-            return self._patch_stored(name, fmap, memory)
-        self._loaded[name] = None
-        return compiled_pass(memory.format, memory.fault, fmap)(*views)
-
-    def _patch_stored(self, name: str, fmap: FaultMap, memory: Memory) -> bool:
-        """Where the compiled pass does not apply (a Float format, FixedPoint "wrap", a
-        float64 tensor...) on the CPU: the replica's tensor keeps the stored values, the
-        elements the previous map faulted are put back and this map's faulty ones written,
-        computed by ``bitfault.StoredArray`` (the same bits as injecting the tensor, at a
-        cost in proportion to the faults). False where it does not apply either."""
-        key = (name, self._key(memory))
-        cached = self._patchable.get(key)
-        if cached is None:
-            clean, dst = self._clean[name], self._replica_tensors()[name]
-            ok = (clean.device.type == "cpu" and dst.is_contiguous() and
-                  str(clean.dtype) in ("torch.float32", "torch.float64", "torch.float16"))
-            stored = self.stored(memory)[name]
-            cached = self._patchable[key] = (
-                StoredArray.of(clean.numpy(), memory.format), stored,
-                stored.reshape(-1).numpy(), dst.detach().view(-1).numpy()) if ok else ()
-        if not cached:
-            return False
-        array, stored, stored_flat, dst = cached
-        idx, values = array.faulty_elements(memory.fault, fmap)
-        held = self._loaded.get(name)
-        self._loaded[name] = None  # while writing: a failure leaves it unknown
-        if isinstance(held, _Patched) and held.key == key:
-            dst[held.index] = stored_flat[held.index]
-        elif held is not stored:
-            np.copyto(dst, stored_flat)
-        dst[idx] = values
-        self._loaded[name] = _Patched(key, idx)
-        return True
-
     def golden(self, memory: Memory) -> np.ndarray:
         """Predictions with every target stored in the format and no fault (computed once)."""
         return self._golden.get(self._key(memory), lambda: self._forward(self.stored(memory)))
@@ -342,7 +283,8 @@ class TorchEvaluator(SingleFaultPaths):
             with torch.no_grad():
                 for b in self._batches():
                     env: dict[Any, Any] = {}
-                    run_nodes(self.model, g.nodes, env, self.stored(memory), self.x[b])
+                    run_nodes(self.model, g.nodes, env, self._with_aliases(
+                        self.stored(memory)), self.x[b])
                     envs.append(env)
             preds = np.concatenate([predicted_labels(e[g.output].float().cpu().numpy())
                                     for e in envs])
@@ -358,7 +300,8 @@ class TorchEvaluator(SingleFaultPaths):
         import torch
 
         envs = self._clean_env(memory)
-        seeds = self.graph().seeds(name) if envs is not None else []
+        seeds = self.graph().seeds(name, *self._aliases.get(name, ())) \
+            if envs is not None else []
         if not seeds:
             return self._predict_full({name: fmap}, memory)
         g = self.graph()
@@ -368,6 +311,7 @@ class TorchEvaluator(SingleFaultPaths):
             return self.golden(memory)
         params = dict(self.stored(memory))
         params[name] = self.faulty(name, fmap, memory)
+        params = self._with_aliases(params)
         preds = []
         with torch.no_grad():
             for b, clean in zip(self._batches(), envs, strict=True):

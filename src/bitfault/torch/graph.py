@@ -33,11 +33,15 @@ class TracedGraph:
         except Exception:  # data-dependent control flow etc.: no reuse, still correct
             return None
 
-    def seeds(self, name: str) -> list[Any]:
-        """The nodes that read tensor ``name``: calls of its module, or reads of it."""
-        module = name.rpartition(".")[0]
-        return [n for n in self.nodes if (n.op == "call_module" and n.target == module)
-                or (n.op == "get_attr" and n.target == name)]
+    def seeds(self, *names: str) -> list[Any]:
+        """The nodes that read tensor ``names`` (the paths of one tensor, tied or not), in
+        graph order: calls of the (leaf) module holding it, or reads of it."""
+        def reads(n: Any, name: str) -> bool:
+            module = name.rpartition(".")[0]
+            if n.op == "call_module":
+                return n.target == module or module.startswith(n.target + ".")
+            return n.op == "get_attr" and n.target == name
+        return [n for n in self.nodes if any(reads(n, name) for name in names)]
 
     def dependents(self, seeds: Sequence[Any]) -> set[Any]:
         """``seeds`` (in graph order) and every node after the first that depends on them."""
@@ -77,8 +81,7 @@ def run_nodes(model: Any, nodes: Iterable[Any], env: dict[Any, Any],
                 env[node] = getattr(args[0], node.target)(*args[1:], **kwargs)
             else:  # call_module
                 prefix = node.target + "."
-                own = {k[len(prefix):]: v for k, v in params.items() if k.startswith(prefix)
-                       and "." not in k[len(prefix):]}
+                own = {k[len(prefix):]: v for k, v in params.items() if k.startswith(prefix)}
                 mod = model.get_submodule(node.target)
                 env[node] = functional_call(mod, own, args, kwargs) if own else mod(*args,
                                                                                    **kwargs)

@@ -9,8 +9,7 @@ them away; activation hooks fault module outputs.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -24,6 +23,15 @@ from bitfault.memory import check_map_fits
 from bitfault.spec import FaultSpec
 from bitfault.torch.gradient import straight_through
 from bitfault.torch.seam import DeviceFaults, check_float_dtype, faulty_group
+from bitfault.torch.slots import (
+    FaultedParam,
+    FaultedTensor,
+    FaultReport,
+    batch_map,
+    held,
+    join_name,
+    original_forward,
+)
 
 Attrs = tuple[tuple[str, str], ...]  # (attribute, tensor name) of a module's faulted parameters
 # module -> the live handle that injects into it (one handle per module)
@@ -34,48 +42,9 @@ DIRECT: weakref.WeakKeyDictionary[nn.Module, tuple[FaultHandle, str, Attrs]] = \
     weakref.WeakKeyDictionary()
 
 
-def join_name(module: str, leaf: str) -> str:
-    """A tensor name in PyTorch's style: ``"fc1.weight"``, or ``"weight"`` on the model itself."""
-    return f"{module}.{leaf}" if module else leaf
-
-
-@dataclass(frozen=True)
-class FaultedParam:
-    """One faulted parameter: its tensor name, module, attribute and shape."""
-
-    name: str  # "fc1.weight"
-    module: str  # "fc1"
-    attr: str  # "weight"
-    shape: tuple[int, ...]
-
-
-def batch_map(fmap: FaultMap, batch: int) -> FaultMap:
-    """The map of a whole batch of activations: ``fmap`` (one sample) repeated ``batch`` times.
-
-    ``inject(output, fmt, fault, batch_map(m, len(output)))`` is exactly what an
-    activation target does to a module's output.
-    """
-    if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 0:
-        raise ValueError(f"batch must be a non-negative integer, got {batch!r}")
-    size = fmap.size
-    idx = (np.arange(batch, dtype=np.int64)[:, None] * size + fmap.indices[None, :]).reshape(-1)
-    # a block format's planes (blocks along a negative axis: the same blocks in every
-    # sample): element and block planes repeat per sample, a tensor plane (shape ()) is
-    # the one word of the whole batch
-    planes = {p: m if not m.shape else batch_map(m, batch) for p, m in fmap.planes.items()}
-    return FaultMap((batch, *fmap.shape), idx, np.tile(fmap.masks, batch), fmap.name,
-                    {**fmap.meta, "batch": batch}, planes)
-
-
 def injected(model: nn.Module) -> bool:
     """Whether a live handle injects faults into any module of ``model``."""
     return any(m in LIVE for m in model.modules())
-
-
-def original_forward(module: nn.Module) -> Callable[..., Any]:
-    """The ``forward`` a chosen module had before ``inject_``: its own, or its class's."""
-    original = module.__dict__.get("_bitfault_forward")
-    return original if original is not None else type(module).forward.__get__(module)
 
 
 class FaultHandle:
@@ -93,8 +62,14 @@ class FaultHandle:
 
     def __init__(self, model: nn.Module, spec: FaultSpec, params: list[FaultedParam],
                  aliases: dict[tuple[str, str], str], activations: list[str],
-                 modules: dict[str, nn.Module], maps: dict[str, FaultMap]) -> None:
+                 modules: dict[str, nn.Module], maps: dict[str, FaultMap],
+                 act_names: dict[str, str] | None = None, left_out: Sequence[Any] = (),
+                 naming: dict[str, str] | None = None) -> None:
         self.spec = spec
+        # module path -> the name of its output (relative to the naming root)
+        self._act_names = {a: (act_names or {}).get(a, join_name(a, "output")) for a in activations}
+        self._left_out, self._naming = list(left_out), dict(naming or {})
+        self._has_buffers = any(p.buffer for p in params)
         self._model = model
         self._params = params
         self._aliases = aliases  # (module, attr) of a tied parameter -> the name it is mapped under
@@ -132,13 +107,13 @@ class FaultHandle:
         out = dict(self._maps)
         for module, by_shape in self._act_maps.items():
             if by_shape:
-                out[join_name(module, "output")] = next(reversed(by_shape.values()))
+                out[self._act_names[module]] = next(reversed(by_shape.values()))
         return out
 
     @property
     def targets(self) -> list[str]:
         """Names of the faulted tensors: ``"<module>.weight"``, ``".bias"``, ``".output"``."""
-        return [p.name for p in self._params] + [join_name(a, "output") for a in self._activations]
+        return [p.name for p in self._params] + [self._act_names[a] for a in self._activations]
 
     @property
     def step(self) -> int:
@@ -149,6 +124,23 @@ class FaultHandle:
     def n_faults(self) -> int:
         """Faulty bits in the maps in use (activation maps: per sample)."""
         return sum(m.n_faults for m in self.maps.values())
+
+    def report(self) -> FaultReport:
+        """Every tensor faulted (name, kind, shape, format, faulty bits, tied names) and every
+        tensor of the model left out, with the reason (``print(handle.report())``)."""
+        fmt = repr(self.spec.format)
+        tied: dict[str, list[str]] = {}
+        for (fqn, attr), name in self._aliases.items():
+            tied.setdefault(name, []).append(join_name(fqn, attr))
+        rows = [FaultedTensor(p.name, "buffers" if p.buffer else
+                              ("biases" if p.attr.endswith("bias") else "weights"), p.shape,
+                              fmt, self._maps[p.name].n_faults, tuple(tied.get(p.name, ())))
+                for p in self._params]
+        maps = self.maps  # an activation map exists once a forward showed its shape
+        rows += [FaultedTensor(n, "activations", maps[n].shape, fmt, maps[n].n_faults) if n in
+                 maps else FaultedTensor(n, "activations", (), fmt, -1)
+                 for n in self._act_names.values()]
+        return FaultReport(rows, self._left_out, self._naming)
 
     def resample(self, step: int) -> FaultHandle:
         """Use the transient maps of ``step``, drawn from (seed, tensor name, step): replayable."""
@@ -209,7 +201,8 @@ class FaultHandle:
         self._hooks.clear()
         self._optimizer_hooks.clear()
         for module in self._modules.values():
-            for attr in ("weight", "bias", *(n for n, _ in module.named_parameters(recurse=False))):
+            for attr in ("weight", "bias", *(n for n, _ in module.named_parameters(recurse=False)),
+                         *(n for n, _ in module.named_buffers(recurse=False))):
                 if isinstance(module.__dict__.get(attr), torch.Tensor):
                     del module.__dict__[attr]
             if LIVE.get(module) is self:
@@ -278,7 +271,7 @@ class FaultHandle:
         by_shape = self._act_maps[module]
         fmap = by_shape.get(shape)
         if fmap is None:
-            name = join_name(module, "output")
+            name = self._act_names[module]
             fmap = self.spec.map_for(name, shape, self._step)
             check_map_fits(fmap, shape, self.spec.format, argument=f"maps[{name!r}]")
             by_shape[shape] = fmap
@@ -287,8 +280,7 @@ class FaultHandle:
     # ---- forward-time machinery ----------------------------------------------------------------
 
     def _param_tensor(self, root: nn.Module, p: FaultedParam) -> torch.Tensor:
-        module = self._modules[p.module] if root is self._model else root.get_submodule(p.module)
-        return module._parameters[p.attr]
+        return held(self._param_module(root, p), p.attr)
 
     def _fault_params(self, params: Sequence[FaultedParam], tensors: Sequence[torch.Tensor],
                       reuse_output: bool = False) -> dict[str, torch.Tensor]:
@@ -314,6 +306,9 @@ class FaultHandle:
                                            bounds=gradient_bounds(spec.format)), strict=True))
         return out
 
+    def _param_module(self, root: nn.Module, p: FaultedParam) -> nn.Module:
+        return self._modules[p.module] if root is self._model else root.get_submodule(p.module)
+
     def _slots(self, root: nn.Module) -> list[tuple[nn.Module, str, str]]:
         """(module, attribute, tensor name) of every faulted parameter of ``root``'s modules."""
         if root is self._model:
@@ -330,11 +325,16 @@ class FaultHandle:
                 self._forwards += 1
             elif self._auto_step:
                 self._next_step_if_updated()
-            if self._params:
-                tensors = ([m._parameters[a] for m, a in self._model_params] if root is self._model
-                           else [self._param_tensor(root, p) for p in self._params])
-                faulty = self._fault_params(self._params, tensors, reuse_output=True)
-                slots = self._slots(root)
+            params = self._params
+            if self._has_buffers:  # a module in training mode updates its buffers itself
+                params = [p for p in params if not (p.buffer and self._param_module(
+                    root, p).training)]
+            if params:
+                tensors = ([held(m, a) for m, a in self._model_params]
+                           if params is self._params and root is self._model
+                           else [self._param_tensor(root, p) for p in params])
+                faulty = self._fault_params(params, tensors, reuse_output=True)
+                slots = [s for s in self._slots(root) if s[2] in faulty]
                 for module, attr, name in slots:  # seen before _parameters by module.attr
                     module.__dict__[attr] = faulty[name]
                 self._shadowed = slots
@@ -353,9 +353,12 @@ class FaultHandle:
         """A module called on its own, outside a forward of the model: its tensors faulted for
         this call only (inside one, the model's pre-hook has already shadowed them)."""
         shadows = module.__dict__
-        missing = [(attr, name) for attr, name in attrs if attr not in shadows]
+        missing = [(attr, name) for attr, name in attrs if attr not in shadows and not (
+            module.training and attr in module._buffers)]  # training: it updates its buffers
+        if not missing:
+            return original_forward(module)(*args, **kwargs)
         params = [FaultedParam(name, fqn, attr, ()) for attr, name in missing]
-        faulty = self._fault_params(params, [module._parameters[attr] for attr, _ in missing])
+        faulty = self._fault_params(params, [held(module, attr) for attr, _ in missing])
         try:
             for attr, name in missing:
                 shadows[attr] = faulty[name]
@@ -370,7 +373,7 @@ class FaultHandle:
         return self._fault_activation(fqn, output)
 
     def _fault_activation(self, fqn: str, output: Any) -> torch.Tensor:
-        name = join_name(fqn, "output")
+        name = self._act_names[fqn]
         if not isinstance(output, torch.Tensor):
             raise TypeError(f"activations: module {fqn!r} returned {type(output).__name__}, not a "
                             "tensor; leave it out with filter_fn or target weights/biases only")
@@ -391,3 +394,7 @@ class FaultHandle:
                                                       batch_map(fmap, int(output.shape[0])))[1]
         return straight_through([output], [faulty], spec.gradient == "blocked",
                         bounds=gradient_bounds(spec.format))[0]
+
+
+__all__ = ["DIRECT", "LIVE", "FaultHandle", "FaultReport", "FaultedParam", "batch_map", "held",
+           "injected", "join_name", "original_forward"]

@@ -38,55 +38,64 @@ from bitfault.torch.handle import (
     LIVE,
     FaultedParam,
     FaultHandle,
-    join_name,
     original_forward,
 )
 from bitfault.torch.seam import check_float_dtype
-from bitfault.torch.targets import FilterFn, Selected, select_modules, select_tensors
+from bitfault.torch.targets import FilterFn, Naming, Selected, select_modules, select_report
 
 
 def _plan(spec: FaultSpec, selected: list[Selected]
-          ) -> tuple[list[FaultedParam], dict[tuple[str, str], str], list[str]]:
+          ) -> tuple[list[FaultedParam], dict[tuple[str, str], str], dict[str, str]]:
     params: list[FaultedParam] = []
     aliases: dict[tuple[str, str], str] = {}  # a tied parameter is one memory: one map
-    activations = []
+    activations: dict[str, str] = {}  # module path -> the name of its output
     for s in selected:
         if s.kind == "activations":
-            activations.append(s.module)
+            activations[s.module] = s.name
             continue
         check_float_dtype(s.tensor.dtype, f"parameter {s.name!r}")
-        params.append(FaultedParam(s.name, s.module, s.attr, tuple(s.tensor.shape)))
+        params.append(FaultedParam(s.name, s.module, s.attr, tuple(s.tensor.shape),
+                                   s.kind == "buffers"))
         for place in s.also:
             aliases[place] = s.name
     return params, aliases, activations
 
 
 def inject_(model: nn.Module, spec: FaultSpec | Mapping[str, Any],
-            filter_fn: FilterFn | str | Sequence[str] | None = None) -> FaultHandle:
+            filter_fn: FilterFn | str | Sequence[str] | None = None, *,
+            root: nn.Module | None = None, name_prefix: str | None = None) -> FaultHandle:
     """Put ``model``'s tensors in faulty memory, in place; return the handle.
 
-    ``spec.targets`` and ``filter_fn`` choose the tensors as ``select_tensors`` says:
+    ``spec.targets`` and ``filter_fn`` choose the tensors as ``select_tensors`` says: by
+    default every float weight matrix the model computes with (whatever module holds it),
+    the biases beside them, and with kind "buffers" its persistent float buffers;
     ``filter_fn(module, fully_qualified_name) -> bool`` (or glob patterns on module
-    names) chooses modules (default: every Linear, Conv1d/2d/3d and Embedding; every
-    module when the targets have include patterns); of each, the targets pick its own
-    parameters by kind and name and its output (``"activations"``).
-    Every argument is checked, and every map drawn, before the model is touched.
+    names) chooses modules instead. ``handle.report()`` lists what is faulted and what
+    was left out, and why. Maps are seeded by tensor name: ``root=`` (a submodule) names
+    tensors relative to it and faults only its tensors, ``name_prefix=`` strips a prefix,
+    so wrapping a model keeps its chips. Every argument is checked, and every map drawn,
+    before the model is touched.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     spec = FaultSpec.coerce(spec)
+    naming = Naming.of(model, root, name_prefix)
     chosen = select_modules(model, spec.targets, filter_fn)
     if not chosen:
         kinds = sorted({type(m).__name__ for m in model.modules()})
         raise ValueError(f"filter_fn matched no module of the model (its module types: {kinds}); "
-                         "the default chooses Linear, Conv1d/2d/3d and Embedding")
-    params, aliases, activations = _plan(spec, select_tensors(model, spec.targets,
-                                                              modules=chosen))
+                         "the default chooses every module holding a float weight matrix")
+    selected, left_out = select_report(model, spec.targets, filter_fn, modules=chosen,
+                                       naming=naming)
+    params, aliases, activations = _plan(spec, selected)
     if not params and not activations:
         raise ValueError(f"targets={list(spec.targets.kinds)} name no tensor of the chosen "
                          f"modules {[f for f, _ in chosen][:8]}: they have no parameter of "
                          "those kinds (weights: *weight, biases: *bias) that the targets' "
                          "patterns keep")
+    # the modules that hold a faulted tensor (a tied one in every module that uses it)
+    used = {s.module for s in selected} | {f for f, _ in aliases}
+    chosen = [(f, m) for f, m in model.named_modules() if f in used]
     if activations and isinstance(spec.format, BlockFormat) and spec.format.axis >= 0:
         raise ArgumentError("format.axis", spec.format.axis, "a negative axis for activation "
                             "targets", requirement=(
@@ -100,7 +109,7 @@ def inject_(model: nn.Module, spec: FaultSpec | Mapping[str, Any],
             raise ValueError(f"module {fqn or '<model>'!r} already has faults injected; "
                              "remove() that handle first")
     known = {p.name: p for p in params}
-    known_acts = {join_name(a, "output") for a in activations}
+    known_acts = set(activations.values())
     if spec.maps is not None:
         planes = [p for p in plane_formats(spec.format) if p != CODES]
         own = {plane_map_name(t, p) for t in (*known, *known_acts) for p in planes}
@@ -118,7 +127,8 @@ def inject_(model: nn.Module, spec: FaultSpec | Mapping[str, Any],
         maps[p.name] = fmap
     # ---- from here on the model is changed (hooks only) ----
     modules = dict(chosen)
-    handle = FaultHandle(model, spec, params, aliases, activations, modules, maps)
+    handle = FaultHandle(model, spec, params, aliases, list(activations), modules, maps,
+                         act_names=activations, left_out=left_out, naming=naming.to_dict())
     by_module: dict[str, list[tuple[str, str]]] = {}
     for p in params:
         by_module.setdefault(p.module, []).append((p.attr, p.name))

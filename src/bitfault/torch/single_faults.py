@@ -31,13 +31,14 @@ class SingleFaultPaths:
     max_bytes: int
     _clean: dict[str, Any]
     _owner: dict[str, tuple[str, str, str]]
+    _aliases: dict[str, list[str]]
 
     def _single_ok(self, name: str) -> bool:
         from torch import nn
 
         module, _, attr = self._owner[name]
         mod = self.model.get_submodule(module) if module else self.model
-        if attr != "weight" or self.graph() is None:
+        if attr != "weight" or name in self._aliases or self.graph() is None:
             return False
         if isinstance(mod, nn.Linear):
             pass
@@ -47,8 +48,8 @@ class SingleFaultPaths:
         else:
             return False
         seeds = self.graph().seeds(name)
-        return (len(seeds) == 1 and seeds[0].op == "call_module" and len(seeds[0].args) == 1
-                and not seeds[0].kwargs)
+        return (len(seeds) == 1 and seeds[0].op == "call_module" and seeds[0].target == module
+                and len(seeds[0].args) == 1 and not seeds[0].kwargs)
 
     def _predict_singles(self, name: str, faults: list[tuple[int, int, int]],
                          memory: Memory) -> dict[int, np.ndarray]:
@@ -106,7 +107,7 @@ class SingleFaultPaths:
             new_all[sorted_idx] = self._faulty_elements(name, idx_all[sorted_idx], joint, memory)
         else:
             new_all = self.faulty(name, joint, memory).reshape(-1)[idx_all]
-        params = {k: v for k, v in stored_all.items() if k != name}
+        params = self._with_aliases({k: v for k, v in stored_all.items() if k != name})
         bias = stored_all.get(f"{node.target}.bias", module.bias)
         out_numel = envs[0][node][0].numel()
         per_fault = max(1, (self.max_bytes // 4) // max(1, out_numel // max(1, shape[0])
