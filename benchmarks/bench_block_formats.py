@@ -5,7 +5,8 @@ their containers) against a baseline on the same tensor, alternating in one proc
 median of ``--repeats``. MX and NVFP4: the baseline is ml_dtypes' cast of the already
 scaled tensor ``(x / X).astype(ml_dtypes.<element>)`` (the element rounding alone, no
 scale selection); the codes are asserted identical to that cast where it saturates
-nowhere. Another case list (GGUF vs the gguf package) can join ``CASES``.
+nowhere. GGUF: ``to_bytes(GGUF(type).encode(x))`` (llama.cpp's block bytes) and the planes
+alone against ``gguf.quants.quantize(x, Q8_0 | Q4_0 | Q4_1)``; bytes asserted identical.
 
     python benchmarks/bench_block_formats.py                 # 25,000,000 elements
     python benchmarks/bench_block_formats.py --size 1000000 --repeats 3
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
+from bitfault.formats.gguf import GGUF
 from bitfault.formats.mx import MX
 from bitfault.formats.nvfp4 import NVFP4
 
@@ -71,8 +73,25 @@ def nvfp4_case() -> Case:
     return Case("NVFP4", prepare)
 
 
+def gguf_case(kind: str, bytes_too: bool) -> Case:
+    def prepare(x: np.ndarray):
+        from gguf import GGMLQuantizationType
+        from gguf.quants import quantize
+
+        fmt, qt = GGUF(kind), getattr(GGMLQuantizationType, kind.upper())
+
+        def check() -> None:
+            assert np.array_equal(fmt.to_bytes(fmt.encode(x)), quantize(x, qt)), \
+                f"GGUF {kind}: bytes differ"
+
+        ours = (lambda: fmt.to_bytes(fmt.encode(x))) if bytes_too else (lambda: fmt.encode(x))
+        return ours, (lambda: quantize(x, qt)), check
+    return Case(f"GGUF {kind} {'bytes' if bytes_too else 'planes'}", prepare)
+
+
 CASES = [mx_case(e) for e in ("float8_e4m3fn", "float8_e5m2", "float6_e2m3fn",
-                              "float6_e3m2fn", "float4_e2m1fn")] + [nvfp4_case()]
+                              "float6_e3m2fn", "float4_e2m1fn")] + [nvfp4_case()] + [
+    gguf_case(k, b) for k in ("q8_0", "q4_0", "q4_1") for b in (True, False)]
 
 
 def alternate(a, b, repeats: int) -> tuple[float, float]:
@@ -99,7 +118,7 @@ def main() -> None:
         check()
         t_ours, t_theirs = alternate(ours, theirs, args.repeats)
         print(f"{case.name:22} {t_ours / t_theirs:6.2f}x  ({t_ours * 1e3:7.1f} ms vs "
-              f"{t_theirs * 1e3:7.1f} ms)  codes identical")
+              f"{t_theirs * 1e3:7.1f} ms)  bits identical")
 
 
 if __name__ == "__main__":
