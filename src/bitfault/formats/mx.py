@@ -24,7 +24,14 @@ from typing import Literal
 import numpy as np
 
 from bitfault.errors import check_choice
-from bitfault.formats.blocks import BlockFormat, IntCodes, Plane, check_axis, check_block_size
+from bitfault.formats.blocks import (
+    BlockFormat,
+    IntCodes,
+    Plane,
+    check_axis,
+    check_block_size,
+    row_max,
+)
 from bitfault.formats.floats import Float
 from bitfault.formats.minifloat import SMALL_FLOATS
 
@@ -97,7 +104,7 @@ def shared_exponents(blocks: np.ndarray, emax_elem: int) -> np.ndarray:
     exponent field (a zero or subnormal ``amax`` reads as exponent -127: the clamp)."""
     bits = np.ascontiguousarray(blocks, dtype=np.float32).view(np.uint32)
     magnitude = bits << np.uint32(1)  # drop the sign; the order of magnitudes is kept
-    biased = (magnitude.max(axis=1) >> np.uint32(24)).astype(np.int64)
+    biased = (row_max(magnitude) >> np.uint32(24)).astype(np.int64)
     return np.clip(biased - 127 - emax_elem, SCALE_EMIN, SCALE_EMAX)
 
 
