@@ -124,7 +124,6 @@ def load_gguf_model(path: str | os.PathLike[str], *, dtype: Any = torch.float32,
         TENSOR_PROCESSORS,
         TensorProcessor,
         get_gguf_hf_weights_map,
-        load_gguf_checkpoint,
     )
 
     memory = GGUFMemory.open(path) if memory is None else memory
@@ -137,8 +136,9 @@ def load_gguf_model(path: str | os.PathLike[str], *, dtype: Any = torch.float32,
     folder, name = os.path.split(os.path.abspath(memory.path))
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtype, **kwargs)
     model.eval()
-    config = load_gguf_checkpoint(memory.path, return_tensors=False)["config"]
-    processor = TENSOR_PROCESSORS.get(memory.architecture, TensorProcessor)(config=config)
+    # the config transformers parsed from the file (what its loader hands the processor)
+    processor = TENSOR_PROCESSORS.get(memory.architecture, TensorProcessor)(
+        config=model.config.to_dict())
     mapping = get_gguf_hf_weights_map(model, processor)
     targets = {n: mapping[n] for n in memory.names if n in mapping}
     unmapped = [n for n in memory.names if n not in mapping]
