@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from bitfault.stats import robust_error
+from bitfault.errors import ArgumentError, check_choice
+from bitfault.stats import robust_error, wilson_interval
 
 Metric = Callable[[np.ndarray, np.ndarray, np.ndarray], Mapping[str, float]]
 
@@ -33,4 +36,195 @@ def call_metric(metric: Metric, labels: np.ndarray, clean: np.ndarray, faulty: n
             for k, v in values.items()}
 
 
-__all__ = ["Metric", "accuracy_metrics", "call_metric"]
+
+
+# ---- metrics on model outputs: a faulty run compared with the clean one ------------------
+#
+# An output evaluator (``bitfault.torch.OutputEvaluator``) turns each data batch of a trial
+# into per-example records (``make_records``): the metric's own fields plus ``identical``
+# (the example's outputs are bit-identical to the clean run's) and ``finite``. The metric
+# then scores a trial's records like any campaign metric, ``metric(labels, clean, faulty)``,
+# and classifies the trial: masked, non-finite (a NaN/Inf reached the output) or corrupted.
+
+OUTCOMES = ("masked", "non_finite", "corrupted")
+
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    x = np.asarray(logits, dtype=np.float64)
+    with np.errstate(all="ignore"):
+        top = np.max(np.where(np.isnan(x), -np.inf, x), axis=-1, keepdims=True)
+        top = np.where(np.isfinite(top), top, 0.0)
+        shifted = x - top
+        return shifted - np.log(np.sum(np.exp(shifted), axis=-1, keepdims=True))
+
+
+def _argmax(logits: np.ndarray) -> np.ndarray:
+    """Argmax over the last axis; a NaN never wins (as ``predicted_labels``)."""
+    x = np.asarray(logits, dtype=np.float64)
+    return np.argmax(np.where(np.isnan(x), -np.inf, x), axis=-1)
+
+
+def _kl(clean_logp: np.ndarray, faulty_logp: np.ndarray) -> np.ndarray:
+    """KL(clean || faulty) over the last axis, in nats (0 where clean gives no mass)."""
+    p = np.exp(clean_logp)
+    with np.errstate(all="ignore"):
+        terms = np.where(p > 0, p * (clean_logp - faulty_logp), 0.0)
+    return np.sum(terms, axis=-1)
+
+
+def _refuse(metric: str, shape: tuple[int, ...], wanted: str) -> None:
+    raise ArgumentError("metric", metric, f"a metric that fits the model's outputs ({wanted})",
+                        requirement=f"metric {metric!r} needs {wanted}; the model's outputs "
+                                    f"have shape {tuple(shape)}: choose another metric or an "
+                                    "output_fn that returns such outputs")
+
+
+@dataclass(frozen=True)
+class OutputMetric:
+    """A metric on outputs. ``kind``: "accuracy" (classification accuracy, top-1 agreement and
+    KL divergence with the clean model; (N, classes) logits and (N,) labels), "agreement"
+    (the same without labels), "cosine" (cosine similarity of (N, D) embeddings with the
+    clean ones), "language_model" (perplexity, next-token accuracy, next-token agreement and
+    KL with the clean model; (N, T, vocab) logits and (N, T) next-token labels, -100 where
+    no token is scored)."""
+
+    kind: str = "accuracy"
+
+    def __post_init__(self) -> None:
+        check_choice(self.kind, METRIC_KINDS, "metric")
+
+    @property
+    def __name__(self) -> str:  # call_metric names the metric in its errors
+        return self.kind
+
+    @property
+    def needs_labels(self) -> bool:
+        return self.kind in ("accuracy", "language_model")
+
+    def check(self, shape: tuple[int, ...], labels: np.ndarray | None) -> None:
+        """Refuse outputs (and labels) this metric cannot score, with the reason."""
+        ndim = {"accuracy": 2, "agreement": 2, "cosine": 2, "language_model": 3}[self.kind]
+        wanted = {2: "outputs of shape (N, classes)" if self.kind != "cosine" else
+                  "embeddings of shape (N, dim)", 3: "logits of shape (N, tokens, vocab)"}[ndim]
+        if len(shape) != ndim or (self.kind != "cosine" and shape[-1] < 2):
+            _refuse(self.kind, shape, wanted)
+        if not self.needs_labels:
+            return
+        want = tuple(shape[:ndim - 1])
+        if labels is None or tuple(np.shape(labels)) != want or not np.issubdtype(
+                np.asarray(labels).dtype, np.integer):
+            raise ArgumentError("labels", None if labels is None else np.shape(labels),
+                                f"integer labels of shape {want}",
+                                requirement=f"metric {self.kind!r} needs integer labels of "
+                                            f"shape {want} (the outputs are {tuple(shape)})")
+
+    def fields(self) -> tuple[str, ...]:
+        return {"accuracy": ("correct", "agree", "kl"), "agreement": ("agree", "kl"),
+                "cosine": ("cosine",),
+                "language_model": ("nll", "tokens", "correct", "agree", "kl")}[self.kind]
+
+    def record(self, faulty: np.ndarray, clean: np.ndarray, labels: np.ndarray | None
+               ) -> dict[str, np.ndarray]:
+        """Per-example values of one batch (sums over tokens for a language model)."""
+        if self.kind == "cosine":
+            f, c = np.asarray(faulty, np.float64), np.asarray(clean, np.float64)
+            with np.errstate(all="ignore"):
+                cos = np.sum(f * c, 1) / (np.linalg.norm(f, axis=1) * np.linalg.norm(c, axis=1))
+            return {"cosine": np.nan_to_num(cos, nan=0.0)}
+        lf, lc = _log_softmax(faulty), _log_softmax(clean)
+        agree = _argmax(faulty) == _argmax(clean)
+        kl = _kl(lc, lf)
+        if self.kind == "agreement":
+            return {"agree": agree.astype(np.float64), "kl": kl}
+        labels = np.asarray(labels, np.int64)
+        if self.kind == "accuracy":
+            return {"correct": (_argmax(faulty) == labels).astype(np.float64),
+                    "agree": agree.astype(np.float64), "kl": kl}
+        scored = labels >= 0
+        safe = np.where(scored, labels, 0)
+        nll = -np.take_along_axis(lf, safe[..., None], axis=-1)[..., 0]
+        return {"nll": np.sum(np.where(scored, nll, 0.0), 1), "tokens": np.sum(scored, 1) * 1.0,
+                "correct": np.sum(scored & (_argmax(faulty) == labels), 1) * 1.0,
+                "agree": np.sum(scored & agree, 1) * 1.0,
+                "kl": np.sum(np.where(scored, kl, 0.0), 1)}
+
+    def values(self, records: np.ndarray) -> dict[str, float]:
+        """A trial's scores from its records."""
+        r = records
+        if self.kind == "cosine":
+            return {"cosine": float(np.mean(r["cosine"])), "cosine_min": float(np.min(r["cosine"]))}
+        if self.kind in ("accuracy", "agreement"):
+            out = {"agreement": float(np.mean(r["agree"])), "kl": float(np.mean(r["kl"]))}
+            if self.kind == "accuracy":
+                out = {"accuracy": float(np.mean(r["correct"])), **out}
+            return out
+        n = float(np.sum(r["tokens"]))
+        with np.errstate(all="ignore"):
+            return {"perplexity": float(np.exp(np.sum(r["nll"]) / n)),
+                    "next_token_accuracy": float(np.sum(r["correct"]) / n),
+                    "next_token_agreement": float(np.sum(r["agree"]) / n),
+                    "kl": float(np.sum(r["kl"]) / n), "tokens": int(n)}
+
+    def __call__(self, labels: np.ndarray, clean: np.ndarray, faulty: np.ndarray
+                 ) -> dict[str, float]:
+        """The campaign metric: the trial's scores and its outcome (one of ``OUTCOMES``, 0/1)."""
+        return {**self.values(faulty), **outcome(faulty)}
+
+
+METRIC_KINDS = ("accuracy", "agreement", "cosine", "language_model")
+
+
+def make_records(metric: OutputMetric, faulty: np.ndarray, clean: np.ndarray,
+                 labels: np.ndarray | None) -> np.ndarray:
+    """One batch's per-example records: ``metric.record`` fields, ``identical``, ``finite``."""
+    faulty, clean = np.asarray(faulty), np.asarray(clean)
+    n = len(faulty)
+    same = (faulty.shape == clean.shape and faulty.dtype == clean.dtype)
+    identical = (np.ascontiguousarray(faulty).view(np.uint8).reshape(n, -1) ==
+                 np.ascontiguousarray(clean).view(np.uint8).reshape(n, -1)).all(1) if same \
+        else np.zeros(n, bool)
+    finite = np.isfinite(faulty.reshape(n, -1)).all(1)
+    values = metric.record(faulty, clean, labels)
+    dtype = [(f, np.float64) for f in metric.fields()] + [("identical", bool), ("finite", bool)]
+    out = np.zeros(n, dtype)
+    for f in metric.fields():
+        out[f] = values[f]
+    out["identical"], out["finite"] = identical, finite
+    return out
+
+
+def outcome(records: np.ndarray) -> dict[str, int]:
+    """A trial's class: masked (every output bit-identical to the clean run), else
+    non-finite (a NaN or Inf reached an output: detectable in practice), else corrupted."""
+    masked = bool(np.all(records["identical"]))
+    non_finite = not masked and not bool(np.all(records["finite"]))
+    return {"masked": int(masked), "non_finite": int(non_finite),
+            "corrupted": int(not masked and not non_finite)}
+
+
+def outcome_summary(records: Iterable[Any], confidence: float = 0.95) -> list[dict[str, Any]]:
+    """Per (kind, ber, target, bit) group of trial records (``TrialRecord``s with outcome
+    metrics): the share of each outcome with its Wilson interval."""
+    groups: dict[tuple, list[Mapping[str, float]]] = {}
+    for r in records:
+        key = (r.kind, r.ber, r.target if r.kind != "single" else None,
+               r.bit if r.kind == "bit" else None)
+        groups.setdefault(key, []).append(r.metrics)
+    rows = []
+    for (kind, ber, target, bit), ms in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        missing = [o for o in OUTCOMES if any(o not in m for m in ms)]
+        if missing:
+            raise KeyError(f"outcomes {missing} not recorded: run the campaign with an "
+                           "OutputMetric")
+        row: dict[str, Any] = {"kind": kind, "ber": ber, "target": target, "bit": bit,
+                               "trials": len(ms), "confidence": confidence}
+        for o in OUTCOMES:
+            k = int(sum(int(m[o]) for m in ms))
+            lo, hi = wilson_interval(k, len(ms), confidence)
+            row.update({o: k / len(ms), f"{o}_low": lo, f"{o}_high": hi})
+        rows.append(row)
+    return rows
+
+
+__all__ = ["METRIC_KINDS", "OUTCOMES", "Metric", "OutputMetric", "accuracy_metrics",
+           "call_metric", "make_records", "outcome", "outcome_summary"]

@@ -27,6 +27,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - exercised only without 
 from bitfault.torch.evaluate import TorchEvaluator
 from bitfault.torch.handle import FaultHandle, batch_map
 from bitfault.torch.inject import inject_
+from bitfault.torch.outputs import OutputEvaluator
 from bitfault.torch.recipes import (
     BoundedReLU,
     ClipHandle,
@@ -36,7 +37,7 @@ from bitfault.torch.recipes import (
     relu_bounds,
 )
 from bitfault.torch.seam import inject_tensor
-from bitfault.torch.targets import DEFAULT_MODULES, Selected, select_tensors
+from bitfault.torch.targets import DEFAULT_MODULES, Selected, select_report, select_tensors
 from bitfault.torch.train import (
     evaluate,
     fit,
@@ -45,7 +46,7 @@ from bitfault.torch.train import (
     stored_weights,
 )
 
-__all__ = ["DEFAULT_MODULES", "BoundedReLU", "ClipHandle", "FaultHandle", "Selected",
-           "TorchEvaluator", "batch_map", "bound_relus_", "calibrate_relu_thresholds",
+__all__ = ["DEFAULT_MODULES", "BoundedReLU", "ClipHandle", "FaultHandle", "OutputEvaluator",
+           "Selected", "TorchEvaluator", "batch_map", "bound_relus_", "calibrate_relu_thresholds",
            "clip_weights_", "evaluate", "fit", "inject_", "inject_tensor", "quantised_weights",
-           "randbet_step", "relu_bounds", "select_tensors", "stored_weights"]
+           "randbet_step", "relu_bounds", "select_report", "select_tensors", "stored_weights"]

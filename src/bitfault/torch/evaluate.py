@@ -48,7 +48,7 @@ from bitfault.torch.single_faults import SingleFaultPaths
 EVALUATED_KINDS = ("weights", "biases", "buffers")  # stored tensors; activations: inject_
 
 
-def _faulty_in(fmap: FaultMap, plane: str, eligible: int) -> bool:
+def faulty_in(fmap: FaultMap, plane: str, eligible: int) -> bool:
     """Whether ``fmap`` has a fault in ``plane`` at a bit of ``eligible``."""
     pmap = fmap.plane(plane)
     return pmap is not None and bool(np.any(pmap.masks & np.uint32(eligible)))
@@ -158,7 +158,7 @@ class TorchEvaluator(SingleFaultPaths, ReplicaWrites):
         singles: dict[str, list[tuple[int, int, int]]] = {}
         for k, maps in enumerate(batch_of_maps):
             maps = self._by_path(maps)
-            faulted = {n: [p for p in planes if _faulty_in(m, p, eligible[p])]
+            faulted = {n: [p for p in planes if faulty_in(m, p, eligible[p])]
                        for n, m in maps.items()}
             active = {n: m for n, m in maps.items() if faulted[n]}
             if not active:

@@ -1,0 +1,197 @@
+"""``OutputEvaluator``: any PyTorch model, batches of inputs, and a metric on its outputs.
+
+The campaign engine asks it for each trial's records (``bitfault.campaign.metrics``): per
+example, the metric's values comparing the faulty outputs with the clean run's (and the
+labels where the metric has them), whether the outputs are bit-identical to the clean
+ones and whether they are finite. ``run(evaluator, trials, memory, store,
+metric=evaluator.metric)`` then stores each trial's scores and its outcome (masked,
+non-finite, corrupted). What a trial computes is ``TorchEvaluator``'s: every targeted
+tensor stored in the memory's format, the trial's maps faulting theirs, the model's own
+forward in eval mode under ``torch.no_grad()``; a tied tensor is one memory. One copy of
+the model is kept and written in place; clean outputs are cached within ``max_bytes``
+(beyond it they are recomputed per batch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from bitfault.campaign.evaluator import Maps, check_max_bytes, digest_arrays
+from bitfault.campaign.metrics import OutputMetric, make_records
+from bitfault.errors import ArgumentTypeError
+from bitfault.formats import plane_formats
+from bitfault.memory import Memory
+from bitfault.torch.evaluate import TorchEvaluator, faulty_in
+
+
+def model_output(out: Any, batch: Any = None) -> Any:
+    """The tensor to score in a model's output: itself, ``.logits``, ``.last_hidden_state``
+    (Hugging Face outputs), or the first element of a tuple."""
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return out
+    for attr in ("logits", "last_hidden_state"):
+        value = getattr(out, attr, None)
+        if isinstance(value, torch.Tensor):
+            return value
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        return out[0]
+    raise TypeError(f"the model returned {type(out).__name__}; pass output_fn= to pick the "
+                    "tensor to score")
+
+
+class OutputEvaluator(TorchEvaluator):
+    """A model on inputs, scored by ``metric`` (an ``OutputMetric`` or its kind name).
+
+    ``inputs``: a tensor (N, ...) or a dict of tensors with N rows (``model(**batch)``);
+    ``labels``: what the metric compares with, if it uses labels ((N,) classes, (N, T)
+    next tokens: ``bitfault.torch.hf.next_token_labels``); ``output_fn(model_output,
+    batch_inputs)``: the tensor to score (default ``model_output``; ``hf.mean_pooled``
+    for sentence embeddings). ``targets``, ``filter_fn``, ``root``,
+    ``name_prefix`` choose and name tensors as ``inject_`` does. A metric that does not
+    fit the outputs is refused here, before any trial runs.
+    """
+
+    def __init__(self, model: Any, inputs: Any, metric: OutputMetric | str = "accuracy", *,
+                 labels: Any = None, targets: Any = "weights", filter_fn: Any = None,
+                 batch_size: int | None = None, device: str = "cpu",
+                 output_fn: Callable[[Any, Any], Any] | None = None, max_bytes: int = 256 << 20,
+                 root: Any = None, name_prefix: str | None = None) -> None:
+        import torch
+        from torch import nn
+
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        self.metric = metric if isinstance(metric, OutputMetric) else OutputMetric(metric)
+        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(
+                batch_size, int) or batch_size < 1):
+            raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
+        self.max_bytes = check_max_bytes(max_bytes)
+        self.device = torch.device(device)
+        self.x = _inputs(inputs, self.device)
+        n = len(next(iter(self.x.values())) if isinstance(self.x, dict) else self.x)
+        if n == 0:
+            raise ValueError("inputs must hold at least one example")
+        self._labels = None if labels is None else np.asarray(
+            labels.cpu().numpy() if isinstance(labels, torch.Tensor) else labels)
+        self.labels = self._labels if self._labels is not None else np.zeros(n, np.int64)
+        self.batch_size, self.fast_paths = batch_size, False
+        self.output_fn = output_fn or model_output
+        self._n = n
+        self._setup(model, targets, filter_fn, root, name_prefix, copy_model=True)
+        self._clean = {k: v.clone() for k, v in self._clean.items()}  # the model is the replica
+        with torch.no_grad():  # the metric must fit the outputs: checked on the first batch
+            first = self._outputs(self.model, self._batches()[0])
+        self.metric.check(first.shape, None if self._labels is None
+                          else self._labels[:len(first)])
+        if self._labels is not None and len(self._labels) != n:
+            raise ValueError(f"labels must have one row per example: {len(self._labels)} "
+                             f"labels for {n} examples")
+        self._digest = super().model_digest()  # the clean model (trials write into it)
+        self._clean_outs: dict[Any, np.ndarray] = {}
+        self._applied: Any = None  # the maps the replica holds (None: unknown)
+
+    def _batches(self) -> list[slice]:
+        size = self.batch_size or self._n
+        return [slice(i, min(i + size, self._n)) for i in range(0, self._n, size)]
+
+    def _replica_tensors(self) -> dict[str, Any]:
+        if self._replica is None:
+            tensors = dict(self.model.named_parameters(remove_duplicate=False))
+            tensors.update(self.model.named_buffers(remove_duplicate=False))
+            self._replica = (self.model, tensors)
+        return self._replica[1]
+
+    def _outputs(self, model: Any, b: slice) -> np.ndarray:
+        xb = {k: v[b] for k, v in self.x.items()} if isinstance(self.x, dict) else self.x[b]
+        out = model(**xb) if isinstance(xb, dict) else model(xb)
+        t = self.output_fn(out, xb).detach()
+        return (t.float() if t.dtype.is_floating_point and t.itemsize < 4 else t).cpu().numpy()
+
+    def model_digest(self) -> str:
+        return self._digest
+
+    def data_digest(self) -> str:
+        arrays = ({f"x.{k}": v.cpu().numpy() for k, v in self.x.items()}
+                  if isinstance(self.x, dict) else {"x": self.x.cpu().numpy()})
+        return digest_arrays({**arrays, "y": self.labels})
+
+    def _clean_output(self, i: int, b: slice, memory: Memory) -> np.ndarray:
+        key = (self._key(memory), i)
+        hit = self._clean_outs.get(key)
+        if hit is None:
+            import torch
+
+            self._load(self.stored(memory))
+            self._applied = None
+            with torch.no_grad():
+                hit = self._outputs(self.model, b)
+            if sum(v.nbytes for v in self._clean_outs.values()) + hit.nbytes <= self.max_bytes:
+                self._clean_outs[key] = hit
+        return hit
+
+    def predict(self, batch_of_maps: Sequence[Maps], memory: Memory) -> list[np.ndarray]:
+        """Per-example records (``bitfault.campaign.metrics.make_records``) for each map set."""
+        import torch
+
+        planes = plane_formats(memory.format)
+        eligible = {p: memory.fault.eligible_mask(memory.format, p) for p in planes}
+        out = []
+        for maps in batch_of_maps:
+            maps = self._by_path(maps)
+            active = {n: m for n, m in maps.items() if any(faulty_in(m, p, eligible[p])
+                                                          for p in planes)}
+            parts = []
+            for i, b in enumerate(self._batches()):
+                clean = self._clean_output(i, b, memory)
+                faulty = clean
+                if active:
+                    if self._applied is not active:
+                        self._apply(active, memory)
+                    with torch.no_grad():
+                        faulty = self._outputs(self.model, b)
+                labels = None if self._labels is None else self._labels[b]
+                parts.append(make_records(self.metric, faulty, clean, labels))
+            out.append(np.concatenate(parts))
+        return out
+
+    def _apply(self, active: Maps, memory: Memory) -> None:
+        """Write the trial's faulty tensors into the model, every other one stored."""
+        params = dict(self.stored(memory))
+        self._applied = None
+        for name, fmap in active.items():
+            if self._write_faulty(name, fmap, memory):
+                del params[name]
+            else:
+                params[name] = self.faulty(name, fmap, memory)
+        self._load(params)
+        self._applied = active
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state.update(_clean_outs={}, _applied=None, _replica=None)
+        return state
+
+
+def _inputs(inputs: Any, device: Any) -> Any:
+    import torch
+
+    if isinstance(inputs, Mapping):
+        if not inputs or not all(isinstance(v, torch.Tensor) for v in inputs.values()):
+            raise ArgumentTypeError("inputs", type(inputs).__name__,
+                                    "a tensor or a non-empty dict of tensors")
+        sizes = {len(v) for v in inputs.values()}
+        if len(sizes) != 1:
+            raise ValueError(f"inputs: every tensor needs the same number of rows, got {sizes}")
+        return {k: v.detach().to(device) for k, v in inputs.items()}
+    t = inputs if isinstance(inputs, torch.Tensor) else torch.as_tensor(np.asarray(inputs))
+    if t.ndim == 0:
+        raise ValueError("inputs must have a batch dimension")
+    return t.detach().to(device)
+
+
+__all__ = ["OutputEvaluator", "model_output"]

@@ -1,0 +1,87 @@
+"""Metrics on model outputs, on hand-made cases: perplexity of a known distribution,
+agreement, KL, cosine, the outcome classes and their Wilson intervals (NumPy only)."""
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import bitfault as bf
+from bitfault.campaign.metrics import OutputMetric, make_records, outcome, outcome_summary
+from bitfault.stats import wilson_interval
+
+
+def test_perplexity_of_a_uniform_and_a_known_distribution():
+    lm = OutputMetric("language_model")
+    uniform = np.zeros((2, 3, 8), np.float32)  # every token 1/8: perplexity 8
+    labels = np.array([[1, 2, -100], [3, 4, -100]])
+    rec = make_records(lm, uniform, uniform, labels)
+    v = lm(labels, rec, rec)
+    assert v["perplexity"] == pytest.approx(8.0, rel=1e-12) and v["tokens"] == 4
+    # p(label) = 1/2 at one position and 1/4 at the other: ppl = exp((ln2 + ln4) / 2)
+    logits = np.log(np.array([[[0.5, 0.25, 0.25], [0.25, 0.5, 0.25]]]))
+    lab = np.array([[0, 2]])
+    v = lm(lab, None, make_records(lm, logits, logits, lab))
+    assert v["perplexity"] == pytest.approx(math.exp((math.log(2) + math.log(4)) / 2))
+    assert v["next_token_accuracy"] == 0.5 and v["next_token_agreement"] == 1.0
+    assert v["kl"] == 0.0 and v["masked"] == 1
+
+
+def test_agreement_kl_and_accuracy():
+    acc = OutputMetric("accuracy")
+    clean = np.array([[2.0, 0.0], [0.0, 1.0], [3.0, 1.0]])
+    faulty = np.array([[2.0, 0.0], [1.0, 0.0], [3.0, 1.0]])
+    labels = np.array([0, 0, 1])
+    v = acc(labels, None, make_records(acc, faulty, clean, labels))
+    assert v["accuracy"] == pytest.approx(2 / 3) and v["agreement"] == pytest.approx(2 / 3)
+    p = np.exp(clean[1]) / np.exp(clean[1]).sum()
+    q = np.exp(faulty[1]) / np.exp(faulty[1]).sum()
+    assert v["kl"] == pytest.approx(np.sum(p * np.log(p / q)) / 3)
+    assert (v["masked"], v["non_finite"], v["corrupted"]) == (0, 0, 1)
+    agree = OutputMetric("agreement")
+    assert agree(labels, None, make_records(agree, faulty, clean, None))["agreement"] == \
+        pytest.approx(2 / 3)
+
+
+def test_cosine_of_embeddings():
+    cos = OutputMetric("cosine")
+    clean = np.array([[1.0, 0.0], [1.0, 1.0]])
+    faulty = np.array([[0.0, 2.0], [2.0, 2.0]])
+    v = cos(None, None, make_records(cos, faulty, clean, None))
+    assert v["cosine"] == pytest.approx(0.5) and v["cosine_min"] == pytest.approx(0.0)
+
+
+def test_outcomes_masked_non_finite_corrupted():
+    m = OutputMetric("agreement")
+    clean = np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)
+    assert outcome(make_records(m, clean.copy(), clean, None))["masked"] == 1
+    nan = clean.copy()
+    nan[1, 0] = np.nan
+    assert outcome(make_records(m, nan, clean, None)) == {"masked": 0, "non_finite": 1,
+                                                          "corrupted": 0}
+    off = clean.copy()
+    off[0, 1] = np.nextafter(np.float32(2), np.float32(3))  # one ulp: not masked
+    assert outcome(make_records(m, off, clean, None)) == {"masked": 0, "non_finite": 0,
+                                                          "corrupted": 1}
+    rows = [SimpleNamespace(kind="rate", ber=0.1, target=None, bit=None, metrics=o) for o in
+            [{"masked": 1, "non_finite": 0, "corrupted": 0}] * 3 +
+            [{"masked": 0, "non_finite": 1, "corrupted": 0}]]
+    (row,) = outcome_summary(rows)
+    assert row["masked"] == 0.75 and row["trials"] == 4
+    assert (row["masked_low"], row["masked_high"]) == wilson_interval(3, 4)
+    assert (row["non_finite_low"], row["non_finite_high"]) == wilson_interval(1, 4)
+
+
+@pytest.mark.parametrize("kind,shape", [("accuracy", (4, 3, 5)), ("accuracy", (4,)),
+                                        ("language_model", (4, 5)), ("cosine", (4, 2, 2))])
+def test_a_metric_that_does_not_fit_the_outputs_is_refused(kind, shape):
+    with pytest.raises(bf.ArgumentError, match=f"metric {kind!r} needs"):
+        OutputMetric(kind).check(shape, np.zeros(shape[:1], np.int64))
+
+
+def test_bad_labels_and_kinds_are_refused():
+    with pytest.raises(bf.ArgumentError, match="integer labels of shape"):
+        OutputMetric("accuracy").check((4, 3), None)
+    with pytest.raises(bf.ArgumentError, match="metric"):
+        OutputMetric("top5")
