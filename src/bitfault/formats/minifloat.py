@@ -30,6 +30,9 @@ from bitfault.formats.base import cast_quietly, first_bad
 SMALL_FLOAT_OVERFLOWS = ("saturate", "nan", "error")
 
 
+_CHUNK = 1 << 16  # elements per step of the float32 encoder: temporaries stay in cache
+
+
 @dataclass(frozen=True)
 class MiniFloat:
     """A small float layout: ``exponent``/``mantissa`` bit counts, a sign bit or not, what
@@ -176,15 +179,34 @@ class MiniFloat:
         codes_t, mapped_t = self.float32_tables(overflow)
         shift = 22 - self.mantissa
         bits = np.ascontiguousarray(x).view(np.uint32)
-        sticky = ((bits & np.uint32((1 << shift) - 1)) != 0).view(np.uint8)
-        index = (bits >> np.uint32(shift)) | (sticky.astype(np.uint32) << np.uint32(32 - shift))
-        codes, mapped = codes_t.take(index), mapped_t.take(index)
+        flat = bits.reshape(-1)
+        codes = np.empty(flat.size, np.uint8)
+        n_mapped = 0
+        # in chunks that stay in the CPU's cache: index = top bits | (any lower bit) << top
+        index = np.empty(min(flat.size, _CHUNK), np.uint32)
+        sticky = np.empty(index.size, np.uint32)
+        low, top = np.uint32((1 << shift) - 1), np.uint32(32 - shift)
+        for start in range(0, flat.size, _CHUNK):
+            part = flat[start:start + _CHUNK]
+            k, t = index[:part.size], sticky[:part.size]
+            np.bitwise_and(part, low, out=t)
+            np.minimum(t, np.uint32(1), out=t)
+            np.left_shift(t, top, out=t)
+            np.right_shift(part, np.uint32(shift), out=k)
+            k |= t
+            np.take(codes_t, k, out=codes[start:start + _CHUNK])
+            n_mapped += int(np.count_nonzero(mapped_t.take(k)))
+        codes = codes.reshape(bits.shape)
         if not self.subnormals:  # E8M0's smallest value 2**-127 is a float32 subnormal:
             tiny = ((bits & np.uint32(0x7F800000)) == 0) & ((bits & np.uint32(0x7FFFFF)) != 0)
             if tiny.any():  # those few go the exact way
                 exact, flagged = self.encode_exact(x[tiny], overflow)
-                codes[tiny], mapped[tiny] = exact.astype(np.uint8), flagged
-        return codes, int(np.count_nonzero(mapped))
+                b = bits[tiny]
+                t = (b >> np.uint32(shift)) | (np.minimum(b & low, np.uint32(1)) << top)
+                n_mapped += int(np.count_nonzero(flagged)) - int(np.count_nonzero(
+                    mapped_t.take(t)))
+                codes[tiny] = exact.astype(np.uint8)
+        return codes, n_mapped
 
     def encode_exact(self, x: np.ndarray, overflow: str) -> tuple[np.ndarray, np.ndarray]:
         """(int64 codes, bool: the overflow policy mapped this value) from exact values."""
