@@ -83,9 +83,9 @@ def test_exactly_one_of_ber_count_maps():
 
 
 @pytest.mark.parametrize("field,value,allowed", [
-    ("targets", "weight", r"\('weights', 'biases', 'activations'\)"),
-    ("targets", ["weights", "gradients"], r"\('weights', 'biases', 'activations'\)"),
-    ("targets", [], r"\('weights', 'biases', 'activations'\)"),
+    ("targets", "weight", r"\('weights', 'biases', 'activations', 'buffers'\)"),
+    ("targets", ["weights", "gradients"], r"\('weights', 'biases', 'activations', 'buffers'\)"),
+    ("targets", [], r"\('weights', 'biases', 'activations', 'buffers'\)"),
     ("persistence", "sometimes", r"\('permanent', 'transient'\)"),
     ("resample", "epoch", r"\('step', 'forward'\)"),
     ("gradient", "none", r"\('ste', 'blocked'\)"),
