@@ -279,6 +279,9 @@ def run(
     digest = campaign_digest(memory, trials, model_digest, data_digest)
     description = {"memory": memory.to_dict(), "n_trials": len(trials), "model": model_digest,
                    "data": data_digest}
+    naming = getattr(evaluator, "naming", None)
+    if naming:  # how tensors were named (a root module, a stripped prefix): the chips' seeds
+        description["naming"] = naming
     labels = np.asarray(evaluator.labels)
     # The golden run: every tensor stored in the format, no faults (ber = 0).
     golden = {n: FaultMap.empty(shape, n) for n, shape in shapes.items()}
