@@ -6,7 +6,16 @@ The core (formats, fault models, fault maps, memories, injection, targets, specs
 
 from bitfault.errors import ArgumentError, ArgumentTypeError
 from bitfault.faults import BitFlip, StuckAt
-from bitfault.formats import GGUF, MX, NVFP4, FixedPoint, Float, IntQuant, QuantParams
+from bitfault.formats import (
+    GGUF,
+    MX,
+    NVFP4,
+    FixedPoint,
+    Float,
+    IntQuant,
+    QuantParams,
+    fixed_point_for,
+)
 from bitfault.inject import InjectionStats, inject, inject_with_stats
 from bitfault.maps import FaultMap
 from bitfault.memory import Memory, StoredArray
@@ -34,6 +43,7 @@ __all__ = [
     "StuckAt",
     "Targets",
     "__version__",
+    "fixed_point_for",
     "inject",
     "inject_with_stats",
 ]

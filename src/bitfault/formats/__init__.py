@@ -27,6 +27,7 @@ from bitfault.formats.blocks import (
     Plane,
     plane_map_name,
 )
+from bitfault.formats.fit import fixed_point_for
 from bitfault.formats.fixed import FixedPoint
 from bitfault.formats.intquant import IntQuant
 from bitfault.formats.planes import is_block_format, plane_formats, split_by_plane
@@ -61,6 +62,7 @@ __all__ = [
     "QuantParams",
     "check_float_input",
     "container_dtype",
+    "fixed_point_for",
     "format_from_dict",
     "gradient_bounds",
     "is_block_format",
