@@ -126,7 +126,10 @@ def wilson_interval(successes: int, trials: int,
     denom = 1.0 + z * z / trials
     centre = (p + z * z / (2 * trials)) / denom
     half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # at 0 or all successes the bound is exactly 0 or 1 (rounding must not leave p outside)
+    low = 0.0 if successes == 0 else max(0.0, min(p, centre - half))
+    high = 1.0 if successes == trials else min(1.0, max(p, centre + half))
+    return low, high
 
 
 @dataclass(frozen=True)

@@ -226,5 +226,32 @@ def outcome_summary(records: Iterable[Any], confidence: float = 0.95) -> list[di
     return rows
 
 
+def memory_outcome_summary(records: Iterable[Any], clean_accuracy: float,
+                           confidence: float = 0.95) -> list[dict[str, Any]]:
+    """Per rate of a campaign on a stored memory (trials that recorded the decoder's
+    outcomes): the share of trials ``detected`` (a word was detected uncorrectable: the
+    trial is flagged), of silent data corruption ``sdc`` (not detected, accuracy below the
+    fault-free accuracy) and ``masked`` (the rest), each with its Wilson interval, and the
+    mean raw bit errors and words corrected, detected and silently corrupted per trial."""
+    groups: dict[float, list[Mapping[str, float]]] = {}
+    for r in records:
+        if r.kind == "rate" and "detected" in r.metrics:
+            groups.setdefault(r.ber, []).append(r.metrics)
+    rows = []
+    for ber, ms in sorted(groups.items()):
+        n = len(ms)
+        detected = sum(int(m["detected"]) for m in ms)
+        sdc = sum(not m["detected"] and m["accuracy"] < clean_accuracy for m in ms)
+        row: dict[str, Any] = {"ber": ber, "trials": n, "confidence": confidence}
+        for name, k in (("detected", detected), ("sdc", sdc), ("masked", n - detected - sdc)):
+            lo, hi = wilson_interval(k, n, confidence)
+            row.update({name: k / n, f"{name}_low": lo, f"{name}_high": hi})
+        for key in ("raw_bit_errors", "words_corrected", "words_due", "words_silent"):
+            row[key] = sum(float(m[key]) for m in ms) / n
+        rows.append(row)
+    return rows
+
+
 __all__ = ["METRIC_KINDS", "OUTCOMES", "Metric", "OutputMetric", "accuracy_metrics",
-           "call_metric", "make_records", "outcome", "outcome_summary"]
+           "call_metric", "make_records", "memory_outcome_summary", "outcome",
+           "outcome_summary"]

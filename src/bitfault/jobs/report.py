@@ -136,6 +136,21 @@ def _make_report(rd: RunDir, reporter: Reporter) -> dict[str, str]:
                 for name, s in singles]
         more_tables.append(("Single bit faults (statistical fault injection)", rows,
                             tuple(rows[0])))
+    stored = [(name, m["memory"]) for name, m in models.items() if m.get("memory")]
+    if stored:
+        rows = [{"model": name, "protection": str(mem["storage"]["protection"]),
+                 "overhead": ", ".join(f"{p} {v:.1%}" for p, v in mem["overhead"].items()),
+                 "rate": f"{o['ber']:g}", "trials": o["trials"],
+                 **{k: f"{o[k]:.0%} ({o[f'{k}_low']:.0%}-{o[f'{k}_high']:.0%})"
+                    for k in ("detected", "sdc", "masked")},
+                 "words corrected / DUE / silent per trial":
+                     f"{o['words_corrected']:.1f} / {o['words_due']:.1f} / "
+                     f"{o['words_silent']:.1f}"}
+                for name, mem in stored for o in mem["outcomes"]]
+        if rows:
+            more_tables.append(("Memory outcomes per rate (share of trials detected, silent "
+                                "data corruption, masked; 95% Wilson intervals)", rows,
+                                tuple(rows[0])))
     return build_report(
         rd.report_dir,
         {n: m["rate"] for n, m in models.items()},

@@ -109,6 +109,12 @@ def model_summary(c: CampaignConfig, memory: Memory, shapes: dict[str, Any],
         "rate": [r for r in rows if r["kind"] == "rate"],
         "layer": [r for r in rows if r["kind"] == "layer"],
         "bit": [r for r in rows if r["kind"] == "bit"]}
+    if memory.storage is not None:
+        from bitfault.campaign.metrics import memory_outcome_summary
+
+        entry["memory"] = {"storage": memory.storage.to_dict(),
+                           "overhead": memory.storage.overhead(memory.format),
+                           "outcomes": memory_outcome_summary(records, clean["accuracy"])}
     if c.single_faults is not None:
         entry["single_faults"] = _single_summary(c, memory, shapes, clean, single_store)
     return entry
