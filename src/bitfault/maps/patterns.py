@@ -134,6 +134,27 @@ def _row_words(rows: np.ndarray, length: int, n_words: int) -> tuple[np.ndarray,
     return starts[owner] + offsets, owner
 
 
+@dataclass(frozen=True)
+class _Request:
+    """One draw's checked geometry and keys, as every pattern reads them."""
+
+    n: int
+    data_bits: int
+    check_bits: int
+    seed: int
+    name: str
+    step: int | None
+    row_words: int | None
+    stored: tuple[np.ndarray, np.ndarray] | None
+
+    @property
+    def width(self) -> int:
+        return self.data_bits + self.check_bits
+
+    def stream(self, tag: str) -> np.random.Generator:
+        return _stream(self.seed, self.name, tag, self.step)
+
+
 class _Pattern:
     kind: ClassVar[str]
 
@@ -141,7 +162,16 @@ class _Pattern:
              name: str = "", step: int | None = None, row_words: int | None = None,
              stored: tuple[np.ndarray, np.ndarray] | None = None) -> WordFaults:
         """The faulty bits of ``n_words`` words of ``data_bits + check_bits`` bits."""
+        n, data_bits, check_bits = _check_geometry(n_words, data_bits, check_bits)
+        return self._draw(_Request(n, data_bits, check_bits, seed, name, step, row_words,
+                                   stored))
+
+    def _draw(self, r: _Request) -> WordFaults:
         raise NotImplementedError
+
+    def _check_rates(self, *names: str) -> None:
+        for key in names:
+            object.__setattr__(self, key, check_rate(getattr(self, key), key))
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, **vars(self)}
@@ -155,14 +185,11 @@ class IndependentBits(_Pattern):
     kind: ClassVar[str] = "independent"
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "ber", check_rate(self.ber, "ber"))
+        self._check_rates("ber")
 
-    def draw(self, n_words: int, data_bits: int, check_bits: int = 0, *, seed: int = 0,
-             name: str = "", step: int | None = None, row_words: int | None = None,
-             stored: tuple[np.ndarray, np.ndarray] | None = None) -> WordFaults:
-        n, data_bits, check_bits = _check_geometry(n_words, data_bits, check_bits)
-        width = data_bits + check_bits
-        cells = poisson_cells(n * width, self.ber, _stream(seed, name, "", step))
+    def _draw(self, r: _Request) -> WordFaults:
+        n, data_bits, width = r.n, r.data_bits, r.width
+        cells = poisson_cells(n * width, self.ber, r.stream(""))
         return word_faults(cells, width, data_bits)
 
 
@@ -191,20 +218,17 @@ class MultiBitUpset(_Pattern):
             raise ArgumentError("sizes", self.sizes, "probabilities with a positive sum")
         object.__setattr__(self, "sizes", {k: sizes[k] / total for k in sorted(sizes)})
 
-    def draw(self, n_words: int, data_bits: int, check_bits: int = 0, *, seed: int = 0,
-             name: str = "", step: int | None = None, row_words: int | None = None,
-             stored: tuple[np.ndarray, np.ndarray] | None = None) -> WordFaults:
-        n, data_bits, check_bits = _check_geometry(n_words, data_bits, check_bits)
-        width = data_bits + check_bits
+    def _draw(self, r: _Request) -> WordFaults:
+        n, data_bits, width = r.n, r.data_bits, r.width
         if max(self.sizes) > width:
             raise ArgumentError("sizes", dict(self.sizes),
                                 f"sizes of at most the word's {width} bits",
                                 tail=f", got {max(self.sizes)}")
-        words = poisson_cells(n, self.rate, _stream(seed, name, "mbu", step))
+        words = poisson_cells(n, self.rate, r.stream("mbu"))
         if not words.size:
             return WordFaults.empty()
         # event j's size and first bit come from the j-th pair of uniforms: nested in rate
-        u = _stream(seed, name, "mbu-shape", step).random((words.size, 2))
+        u = r.stream("mbu-shape").random((words.size, 2))
         values = np.array(list(self.sizes), np.int64)
         cdf = np.cumsum(list(self.sizes.values()))
         k = values[np.minimum(np.searchsorted(cdf, u[:, 0], side="right"), values.size - 1)]
@@ -229,16 +253,13 @@ class ColumnFaults(_Pattern):
     kind: ClassVar[str] = "column"
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "rate", check_rate(self.rate, "rate"))
+        self._check_rates("rate")
 
-    def draw(self, n_words: int, data_bits: int, check_bits: int = 0, *, seed: int = 0,
-             name: str = "", step: int | None = None, row_words: int | None = None,
-             stored: tuple[np.ndarray, np.ndarray] | None = None) -> WordFaults:
-        n, data_bits, check_bits = _check_geometry(n_words, data_bits, check_bits)
-        width = data_bits + check_bits
-        n_rows, length = _rows(n, row_words)
+    def _draw(self, r: _Request) -> WordFaults:
+        n, data_bits, width = r.n, r.data_bits, r.width
+        n_rows, length = _rows(n, r.row_words)
         columns = np.unique(poisson_cells(n_rows * width, self.rate,
-                                          _stream(seed, name, "column", step)))
+                                          r.stream("column")))
         rows, pos = np.divmod(columns, width)
         words, owner = _row_words(rows, length, n)
         return word_faults(words * width + pos[owner], width, data_bits)
@@ -252,14 +273,12 @@ class RowFaults(_Pattern):
     kind: ClassVar[str] = "row"
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "rate", check_rate(self.rate, "rate"))
+        self._check_rates("rate")
 
-    def draw(self, n_words: int, data_bits: int, check_bits: int = 0, *, seed: int = 0,
-             name: str = "", step: int | None = None, row_words: int | None = None,
-             stored: tuple[np.ndarray, np.ndarray] | None = None) -> WordFaults:
-        n, data_bits, check_bits = _check_geometry(n_words, data_bits, check_bits)
-        n_rows, length = _rows(n, row_words)
-        rows = np.unique(poisson_cells(n_rows, self.rate, _stream(seed, name, "row", step)))
+    def _draw(self, r: _Request) -> WordFaults:
+        n, data_bits, check_bits = r.n, r.data_bits, r.check_bits
+        n_rows, length = _rows(n, r.row_words)
+        rows = np.unique(poisson_cells(n_rows, self.rate, r.stream("row")))
         words, _ = _row_words(rows, length, n)
         full = np.uint64((1 << data_bits) - 1)
         check = np.uint64((1 << check_bits) - 1)
@@ -276,22 +295,18 @@ class Asymmetric(_Pattern):
     kind: ClassVar[str] = "asymmetric"
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "p10", check_rate(self.p10, "p10"))
-        object.__setattr__(self, "p01", check_rate(self.p01, "p01"))
+        self._check_rates("p10", "p01")
 
-    def draw(self, n_words: int, data_bits: int, check_bits: int = 0, *, seed: int = 0,
-             name: str = "", step: int | None = None, row_words: int | None = None,
-             stored: tuple[np.ndarray, np.ndarray] | None = None) -> WordFaults:
-        n, data_bits, check_bits = _check_geometry(n_words, data_bits, check_bits)
-        width = data_bits + check_bits
-        data, check = _stored(stored, n)
+    def _draw(self, r: _Request) -> WordFaults:
+        n, data_bits, width = r.n, r.data_bits, r.width
+        data, check = _stored(r.stored, n)
         rates = (self.p01, self.p10)  # by the stored bit's value
         horizons = np.array([-math.inf if p <= 0 else math.inf if p >= 1 else
                              _horizon(p, n * width) for p in rates])
         finite = horizons[np.isfinite(horizons)]
         parts = []
         if n and finite.size:
-            cells, times = _hits(n * width, _stream(seed, name, "asymmetric", step),
+            cells, times = _hits(n * width, r.stream("asymmetric"),
                                  float(finite.max()), with_times=True)
             cells = cells.astype(np.int64)
             parts.append(cells[times < horizons[_bit_values(cells, width, data_bits,
