@@ -15,13 +15,12 @@ alone against ``gguf.quants.quantize(x, Q8_0 | Q4_0 | Q4_1)``; bytes asserted id
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import ml_dtypes
 import numpy as np
+from bench_small_floats import alternate
 
 from bitfault.formats.gguf import GGUF
 from bitfault.formats.mx import MX
@@ -92,16 +91,6 @@ def gguf_case(kind: str, bytes_too: bool) -> Case:
 CASES = [mx_case(e) for e in ("float8_e4m3fn", "float8_e5m2", "float6_e2m3fn",
                               "float6_e3m2fn", "float4_e2m1fn")] + [nvfp4_case()] + [
     gguf_case(k, b) for k in ("q8_0", "q4_0", "q4_1") for b in (True, False)]
-
-
-def alternate(a, b, repeats: int) -> tuple[float, float]:
-    ta, tb = [], []
-    for _ in range(repeats):
-        for fn, times in ((a, ta), (b, tb)):
-            t = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t)
-    return statistics.median(ta), statistics.median(tb)
 
 
 def main() -> None:

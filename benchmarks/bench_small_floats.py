@@ -29,6 +29,7 @@ POLICY = {"float8_e4m3fn": "nan", "float8_e5m2": "nan", "float8_e8m0fnu": "nan",
 
 
 def alternate(a, b, repeats: int) -> tuple[float, float]:
+    """Median times of ``a()`` and ``b()`` over ``repeats`` runs, alternating."""
     ta, tb = [], []
     for _ in range(repeats):
         for fn, times in ((a, ta), (b, tb)):
