@@ -124,19 +124,41 @@ def data(model: str, args: argparse.Namespace) -> tuple[np.ndarray, ...]:
 
 
 def plots(results: dict, models: list[str], widths: dict[str, int], out: Path) -> None:
+    """One figure per model and bit width: normal training left, clip+RandBET right; a
+    colour per format, solid: faults in every plane, dashed: in the codes only."""
     try:
-        from bitfault.report.plots import plot_rate_sweep
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
     except ImportError:
         print("matplotlib missing: no plots", file=sys.stderr)
         return
+    recipes_seen = sorted({k[2] for k in results}, key=lambda r: r != "normal")
     for model in models:
         for width in sorted(set(widths.values())):
             keys = [k for k in results if k[0] == model and widths[k[1]] == width]
-            if keys:
-                label = {k: f"{k[1]} {k[2]} ({k[3]})" for k in keys}
-                plot_rate_sweep({label[k]: results[k]["rows"] for k in keys},
-                                out / f"study_{model}_{width}bit.png", metric="robust_error",
-                                clean={label[k]: results[k]["clean_error"] for k in keys})
+            if not keys:
+                continue
+            names = list(dict.fromkeys(k[1] for k in keys))
+            colours = {n: plt.cm.tab10(i % 10) for i, n in enumerate(names)}
+            fig, axes = plt.subplots(1, len(recipes_seen), figsize=(5.5 * len(recipes_seen), 4.2),
+                                     sharey=True, squeeze=False)
+            for ax, recipe in zip(axes[0], recipes_seen, strict=True):
+                for k in (k for k in keys if k[2] == recipe):
+                    rows = results[k]["rows"]
+                    ax.plot([r["ber"] for r in rows], [100 * r["mean"] for r in rows],
+                            "-" if k[3] == "all planes" else "--", marker="o", markersize=3,
+                            color=colours[k[1]], label=f"{k[1]} ({k[3]})")
+                ax.set_xscale("log")
+                ax.set_title(f"{model}, {width}-bit weights, {recipe}", fontsize=9)
+                ax.set_xlabel("bit error rate")
+                ax.grid(alpha=0.3)
+            axes[0][0].set_ylabel("robust error, mean over chips (%)")
+            axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
+            fig.tight_layout()
+            fig.savefig(out / f"study_{model}_{width}bit.png", dpi=110, bbox_inches="tight")
+            plt.close(fig)
 
 
 def main() -> int:
