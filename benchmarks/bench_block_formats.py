@@ -22,9 +22,23 @@ import ml_dtypes
 import numpy as np
 from bench_small_floats import alternate
 
+import bitfault as bf
 from bitfault.formats.gguf import GGUF
+from bitfault.formats.groupwise import GroupwiseInt
 from bitfault.formats.mx import MX
 from bitfault.formats.nvfp4 import NVFP4
+
+# the formats the PyTorch and Keras training-step benchmarks (bench_*_blocks.py) store
+# every weight in, and those of them also run with transient maps
+TRAINING_FORMATS = {
+    'Float("float8_e4m3fn")': bf.Float("float8_e4m3fn"),
+    'MX("float4_e2m1fn")': MX("float4_e2m1fn"),
+    "NVFP4()": NVFP4(),
+    'GGUF("q4_1")': GGUF("q4_1"),
+    "GroupwiseInt(4, 32)": GroupwiseInt(4, 32),
+    "IntQuant(8)": bf.IntQuant(8),
+}
+TRANSIENT_FORMATS = ("IntQuant(8)", 'MX("float4_e2m1fn")')
 
 
 @dataclass

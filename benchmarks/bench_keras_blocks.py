@@ -1,13 +1,14 @@
 """Block formats in Keras: a fault-aware training step vs a clean step, in one process.
 
-The models, batch, optimizer and timing of ``bench_keras_fat.py`` (imported from it): an
-MLP 784-256-256-10 and its small CNN, batch 100, SGD, a GradientTape step inside
-``tf.function`` (with and without ``jit_compile``). Every kernel is stored in the format
-with faults at ber 1e-3 in every plane (``bitfault.keras.inject``, permanent map) for
-Float("float8_e4m3fn"), MX float4_e2m1fn (MXFP4), NVFP4, GGUF Q4_1, GroupwiseInt(4, 32)
-and IntQuant(8); and with transient maps (a fresh map every step, ``resample`` before
-each step as ``ResampleFaults`` does) for IntQuant(8) and MXFP4. Clean and fault-aware
-rounds alternate; a ratio is the median over rounds of (fault-aware time / clean time).
+The models, batch, optimizer and timing of ``bench_keras_fat.py``, the formats of
+``bench_block_formats.py`` (imported from them): an MLP 784-256-256-10 and its small CNN,
+batch 100, SGD, a GradientTape step inside ``tf.function`` (with and without
+``jit_compile``). Every kernel is stored in the format with faults at ber 1e-3 in every
+plane (``bitfault.keras.inject``, permanent map) for Float("float8_e4m3fn"), MX
+float4_e2m1fn (MXFP4), NVFP4, GGUF Q4_1, GroupwiseInt(4, 32) and IntQuant(8); and with
+transient maps (a fresh map every step, ``resample`` before each step as
+``ResampleFaults`` does) for IntQuant(8) and MXFP4. Clean and fault-aware rounds
+alternate; a ratio is the median over rounds of (fault-aware time / clean time).
 
     python benchmarks/bench_keras_blocks.py            # full run, several minutes
     python benchmarks/bench_keras_blocks.py --quick    # a smoke run
@@ -23,24 +24,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras
 import numpy as np
 import tensorflow as tf
+from bench_block_formats import TRAINING_FORMATS, TRANSIENT_FORMATS
 from bench_keras_fat import BATCH, BER, clone, cnn, mlp, ratio, trainer, transient_trainer
 
 import bitfault as bf
-from bitfault.formats.gguf import GGUF
-from bitfault.formats.groupwise import GroupwiseInt
-from bitfault.formats.mx import MX
-from bitfault.formats.nvfp4 import NVFP4
 from bitfault.keras import inject
-
-PERMANENT = {
-    'Float("float8_e4m3fn")': bf.Float("float8_e4m3fn"),
-    'MX("float4_e2m1fn")': MX("float4_e2m1fn"),
-    "NVFP4()": NVFP4(),
-    'GGUF("q4_1")': GGUF("q4_1"),
-    "GroupwiseInt(4, 32)": GroupwiseInt(4, 32),
-    "IntQuant(8)": bf.IntQuant(8),
-}
-TRANSIENT = ("IntQuant(8)", 'MX("float4_e2m1fn")')
 
 
 def main() -> None:
@@ -80,12 +68,12 @@ def main() -> None:
             if ("on" if jit else "off") not in args.jit:
                 continue
             clean_step = trainer(clone(base), x, y, jit)
-            for fmt_name, fmt in PERMANENT.items():
+            for fmt_name, fmt in TRAINING_FORMATS.items():
                 if args.only not in fmt_name:
                     continue
                 spec = bf.FaultSpec(format=fmt, ber=BER, seed=0)
                 variants = {"permanent": trainer(inject(base, spec), x, y, jit)}
-                if fmt_name in TRANSIENT:
+                if fmt_name in TRANSIENT_FORMATS:
                     transient = spec.replace(persistence="transient")
                     variants["transient"] = transient_trainer(inject(base, transient), x, y, jit)
                 for maps, step in variants.items():

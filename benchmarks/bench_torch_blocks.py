@@ -1,12 +1,13 @@
 """Block formats in PyTorch: a fault-aware training step vs a clean step, in one process.
 
-The models, batch, optimizer and timing of ``bench_torch_fat.py`` (imported from it): an
-MLP 784-256-256-10 and its small CNN, batch 100, SGD, one thread. Every weight is stored in
-the format with faults at ber 1e-3 in every plane (``inject_``, permanent map), for
-Float("float8_e4m3fn"), MX float4_e2m1fn (MXFP4), NVFP4, GGUF Q4_1, GroupwiseInt(4, 32)
-and IntQuant(8); and with transient maps (a fresh map every optimizer step,
-``handle.attach``) for IntQuant(8) and MXFP4. Clean and fault-aware steps alternate one by
-one; a ratio is the median over rounds of (fault-aware time / clean time).
+The models, batch, optimizer and timing of ``bench_torch_fat.py``, the formats of
+``bench_block_formats.py`` (imported from them): an MLP 784-256-256-10 and its small CNN,
+batch 100, SGD, one thread. Every weight is stored in the format with faults at ber 1e-3
+in every plane (``inject_``, permanent map), for Float("float8_e4m3fn"), MX float4_e2m1fn
+(MXFP4), NVFP4, GGUF Q4_1, GroupwiseInt(4, 32) and IntQuant(8); and with transient maps
+(a fresh map every optimizer step, ``handle.attach``) for IntQuant(8) and MXFP4. Clean
+and fault-aware steps alternate one by one; a ratio is the median over rounds of
+(fault-aware time / clean time).
 
     python benchmarks/bench_torch_blocks.py            # full run, a few minutes
     python benchmarks/bench_torch_blocks.py --quick    # a smoke run, seconds
@@ -18,21 +19,11 @@ import argparse
 import copy
 
 import torch
+from bench_block_formats import TRAINING_FORMATS, TRANSIENT_FORMATS
 from bench_torch_fat import BATCH, BER, cnn, mlp, ratio, trainer
 
 import bitfault as bf
-from bitfault.formats import GGUF, MX, NVFP4, GroupwiseInt
 from bitfault.torch import inject_
-
-PERMANENT = {
-    'Float("float8_e4m3fn")': bf.Float("float8_e4m3fn"),
-    'MX("float4_e2m1fn")': MX("float4_e2m1fn"),
-    "NVFP4()": NVFP4(),
-    'GGUF("q4_1")': GGUF("q4_1"),
-    "GroupwiseInt(4, 32)": GroupwiseInt(4, 32),
-    "IntQuant(8)": bf.IntQuant(8),
-}
-TRANSIENT = ("IntQuant(8)", 'MX("float4_e2m1fn")')
 
 
 def main() -> None:
@@ -57,11 +48,11 @@ def main() -> None:
         torch.manual_seed(0)
         base = build()
         clean_step, _ = trainer(copy.deepcopy(base), x, y)
-        for fmt_name, fmt in PERMANENT.items():
+        for fmt_name, fmt in TRAINING_FORMATS.items():
             if args.only not in fmt_name:
                 continue
             for persistence in ("permanent", "transient"):
-                if persistence == "transient" and fmt_name not in TRANSIENT:
+                if persistence == "transient" and fmt_name not in TRANSIENT_FORMATS:
                     continue
                 model = copy.deepcopy(base)
                 handle = inject_(model, bf.FaultSpec(format=fmt, ber=BER, seed=0,
