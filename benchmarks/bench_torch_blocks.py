@@ -15,31 +15,21 @@ and fault-aware steps alternate one by one; a ratio is the median over rounds of
 
 from __future__ import annotations
 
-import argparse
 import copy
 
 import torch
 from bench_block_formats import TRAINING_FORMATS, TRANSIENT_FORMATS
-from bench_torch_fat import BATCH, BER, cnn, mlp, ratio, trainer
+from bench_torch_fat import BATCH, BER, arguments, cnn, mlp, ratio, setup, trainer
 
 import bitfault as bf
 from bitfault.torch import inject_
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
-    parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--per-round", type=int, default=10)
-    parser.add_argument("--quick", action="store_true", help="3 rounds of 2 steps: a smoke run")
+    parser = arguments(__doc__)
     parser.add_argument("--only", default="", help="run formats whose name contains this")
     args = parser.parse_args()
-    if args.quick:
-        args.rounds, args.per_round = 3, 2
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    x = torch.rand(BATCH, 1, 28, 28)
-    y = torch.randint(0, 10, (BATCH,))
+    x, y = setup(args)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), batch {BATCH}, "
           f"ber {BER} in every plane, SGD; ratio = fault-aware step / clean step (median of "
           f"{args.rounds} alternating rounds x {args.per_round} steps)")

@@ -113,19 +113,29 @@ def ratio(clean_step, step, rounds: int, per_round: int) -> tuple[float, float, 
     return statistics.median(ratios), statistics.median(tc) * 1e3, statistics.median(tv) * 1e3
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(doc: str) -> argparse.ArgumentParser:
+    """The options every PyTorch training-step benchmark takes (a caller may add more)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--per-round", type=int, default=10)
     parser.add_argument("--quick", action="store_true", help="3 rounds of 2 steps: a smoke run")
-    args = parser.parse_args()
+    return parser
+
+
+def setup(args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor]:
+    """Applies ``--quick`` and ``--threads``; the seeded batch (images, labels)."""
     if args.quick:
         args.rounds, args.per_round = 3, 2
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    x_flat = torch.rand(BATCH, 1, 28, 28)
-    y = torch.randint(0, 10, (BATCH,))
+    x = torch.rand(BATCH, 1, 28, 28)
+    return x, torch.randint(0, 10, (BATCH,))
+
+
+def main() -> None:
+    args = arguments(__doc__).parse_args()
+    x_flat, y = setup(args)
     formats = {"FixedPoint(32,28)": bf.FixedPoint(32, 28, rounding="trunc"),
                "IntQuant(8)": bf.IntQuant(8)}
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), batch {BATCH}, "
