@@ -16,39 +16,37 @@ alternate; a ratio is the median over rounds of (fault-aware time / clean time).
 
 from __future__ import annotations
 
-import argparse
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras
-import numpy as np
 import tensorflow as tf
 from bench_block_formats import TRAINING_FORMATS, TRANSIENT_FORMATS
-from bench_keras_fat import BATCH, BER, clone, cnn, mlp, ratio, trainer, transient_trainer
+from bench_keras_fat import (
+    BATCH,
+    BER,
+    arguments,
+    clone,
+    cnn,
+    mlp,
+    ratio,
+    setup,
+    trainer,
+    transient_trainer,
+)
 
 import bitfault as bf
 from bitfault.keras import inject
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=2, help="TF intra-op threads (default 2)")
-    parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--per-round", type=int, default=10)
-    parser.add_argument("--quick", action="store_true", help="3 rounds of 2 steps: a smoke run")
-    parser.add_argument("--models", nargs="+", default=["mlp", "cnn"], choices=["mlp", "cnn"])
+    parser = arguments(__doc__, rounds=9)
     parser.add_argument("--jit", nargs="+", default=["off", "on"], choices=["off", "on"],
                         help="jit_compile of the training step (the fault pass is XLA anyway)")
     parser.add_argument("--only", default="", help="run formats whose name contains this")
     args = parser.parse_args()
-    if args.quick:
-        args.rounds, args.per_round = 3, 2
-    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
-    rng = np.random.default_rng(0)
-    images = tf.constant(rng.random((BATCH, 28, 28, 1), dtype=np.float32))
-    y = tf.constant(rng.integers(0, 10, BATCH))
+    images, y = setup(args)
     print(f"tensorflow {tf.__version__}, keras {keras.__version__}, {args.threads} thread(s), "
           f"batch {BATCH}, ber {BER} in every plane, SGD; ratio = fault-aware step / clean step "
           f"(median of {args.rounds} alternating rounds x {args.per_round} steps; CNN: half "

@@ -137,21 +137,31 @@ def ratio(clean_step, step, rounds: int, per_round: int) -> tuple[float, float, 
     return statistics.median(ratios), statistics.median(tc) * 1e3, statistics.median(tv) * 1e3
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(doc: str, rounds: int = 15) -> argparse.ArgumentParser:
+    """The options every Keras training-step benchmark takes (a caller may add more)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2, help="TF intra-op threads (default 2)")
-    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--rounds", type=int, default=rounds)
     parser.add_argument("--per-round", type=int, default=10)
     parser.add_argument("--quick", action="store_true", help="3 rounds of 2 steps: a smoke run")
     parser.add_argument("--models", nargs="+", default=["mlp", "cnn"], choices=["mlp", "cnn"])
-    args = parser.parse_args()
+    return parser
+
+
+def setup(args: argparse.Namespace) -> tuple[tf.Tensor, tf.Tensor]:
+    """Applies ``--quick`` and ``--threads``; the seeded batch (images, labels)."""
     if args.quick:
         args.rounds, args.per_round = 3, 2
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     rng = np.random.default_rng(0)
     images = tf.constant(rng.random((BATCH, 28, 28, 1), dtype=np.float32))
-    y = tf.constant(rng.integers(0, 10, BATCH))
+    return images, tf.constant(rng.integers(0, 10, BATCH))
+
+
+def main() -> None:
+    args = arguments(__doc__).parse_args()
+    images, y = setup(args)
     formats = {"FixedPoint(32,28)": bf.FixedPoint(32, 28, rounding="trunc"),
                "IntQuant(8)": bf.IntQuant(8)}
     print(f"tensorflow {tf.__version__}, keras {keras.__version__}, {args.threads} thread(s), "
