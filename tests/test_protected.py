@@ -132,21 +132,14 @@ def test_bad_input_is_named_before_anything_changes() -> None:
     words = np.zeros(16, np.int8)
     layout = WordLayout(64)
     ok = WordFaults(np.array([1]), np.array([1], np.uint64), np.array([0], np.uint64))
-    with pytest.raises(ArgumentError) as e:
-        decode_faults(words, 8, layout, SecDed(),
-                      WordFaults(np.array([2]), np.array([1], np.uint64),
-                                 np.array([0], np.uint64)))
-    assert e.value.argument == "faults"
-    with pytest.raises(ArgumentError) as e:
-        decode_faults(words, 8, layout, SecDed(),
-                      WordFaults(np.array([0]), np.array([0], np.uint64),
-                                 np.array([256], np.uint64)))
-    assert e.value.argument == "faults"
-    with pytest.raises(ArgumentError) as e:
-        decode_faults(words, 8, layout, Parity(),
-                      WordFaults(np.array([0]), np.array([0], np.uint64),
-                                 np.array([2], np.uint64)))
-    assert e.value.argument == "faults"
+    # a word past the last, a check bit past SEC-DED's 8, one past parity's 1
+    for scheme, word, data, check in [(SecDed(), 2, 1, 0), (SecDed(), 0, 0, 256),
+                                      (Parity(), 0, 0, 2)]:
+        bad = WordFaults(np.array([word]), np.array([data], np.uint64),
+                         np.array([check], np.uint64))
+        with pytest.raises(ArgumentError) as e:
+            decode_faults(words, 8, layout, scheme, bad)
+        assert e.value.argument == "faults"
     with pytest.raises(ArgumentError) as e:
         decode_faults(words, 6, layout, SecDed(), ok)
     assert e.value.argument == "word_bits"
