@@ -71,10 +71,13 @@ SETTINGS = {
 }
 
 
-def recipes(fmt: bf.formats.Format, w_max: float, p_train: float) -> dict[str, Recipe]:
-    """Normal training and clipping + RandBET; a block format's RandBET flips its codes
-    only (random errors at p_train in the shared scales wreck whole blocks each step)."""
+def recipes(fmt: bf.formats.Format, w_max: float, p_train: float,
+            activation_clip: float | None = None) -> dict[str, Recipe]:
+    """Normal training and clipping + RandBET (+ ReLUs bounded at ``activation_clip``); a
+    block format's RandBET flips its codes only (random errors at p_train in the shared
+    scales wreck whole blocks each step)."""
     robust = Recipe.randbet_clipped(w_max, p_train, seed=7, format=fmt)
+    robust = robust.replace(activation_clip=activation_clip)
     fault = bf.BitFlip(bits="codes") if len(plane_formats(fmt)) > 1 else robust.randbet.fault
     robust = robust.replace(randbet=dataclasses.replace(robust.randbet, start_below=0.1,
                                                         fault=fault))
@@ -178,6 +181,8 @@ def main() -> int:
     parser.add_argument("--rates", default=",".join(f"{r:g}" for r in RATES))
     parser.add_argument("--w-max", type=float, default=0.1)
     parser.add_argument("--p-train", type=float, default=0.1)
+    parser.add_argument("--activation-clip", type=float, default=None,
+                        help="clip+randbet: ReLUs bounded at this value")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default="study_formats")
     args = parser.parse_args()
@@ -203,7 +208,8 @@ def main() -> int:
             width, fmt = chosen[name]
             widths[name] = width
             for recipe_name in args.recipes.split(","):
-                recipe = recipes(fmt, args.w_max, args.p_train)[recipe_name]
+                recipe = recipes(fmt, args.w_max, args.p_train,
+                                 args.activation_clip)[recipe_name]
                 start = time.perf_counter()
                 model = setting["build"]()
                 try:
