@@ -28,8 +28,7 @@ from bench_keras_fat import (
     BER,
     arguments,
     clone,
-    cnn,
-    mlp,
+    models,
     ratio,
     setup,
     trainer,
@@ -53,12 +52,7 @@ def main() -> None:
           "of each)")
     print(f"{'model':5} {'jit':5} {'format':24} {'maps':10} {'clean ms':>9} {'faulty ms':>9} "
           f"{'ratio':>7}")
-    for model_name, build in (("MLP", mlp), ("CNN", cnn)):
-        if model_name.lower() not in args.models:
-            continue
-        keras.utils.set_random_seed(0)
-        base = build()
-        x = tf.reshape(images, (BATCH, 784)) if model_name == "MLP" else images
+    for model_name, base, x in models(args, images):
         rounds, per_round = args.rounds, args.per_round
         if model_name == "CNN":  # slower steps: fewer, shorter rounds
             rounds, per_round = max(3, rounds // 2), max(1, per_round // 2)

@@ -20,6 +20,7 @@ import argparse
 import os
 import statistics
 import time
+from collections.abc import Iterator
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -159,6 +160,17 @@ def setup(args: argparse.Namespace) -> tuple[tf.Tensor, tf.Tensor]:
     return images, tf.constant(rng.integers(0, 10, BATCH))
 
 
+def models(args: argparse.Namespace, images: tf.Tensor
+           ) -> Iterator[tuple[str, keras.Model, tf.Tensor]]:
+    """(name, model built after seeding, its input batch) for each model in ``--models``."""
+    for model_name, build in (("MLP", mlp), ("CNN", cnn)):
+        if model_name.lower() not in args.models:
+            continue
+        keras.utils.set_random_seed(0)
+        base = build()
+        yield model_name, base, tf.reshape(images, (BATCH, 784)) if model_name == "MLP" else images
+
+
 def main() -> None:
     args = arguments(__doc__).parse_args()
     images, y = setup(args)
@@ -170,12 +182,7 @@ def main() -> None:
           f"transient: a third of the rounds)")
     print(f"{'model':5} {'jit':5} {'format':18} {'variant':24} {'clean ms':>9} {'faulty ms':>9} "
           f"{'ratio':>7}")
-    for model_name, build in (("MLP", mlp), ("CNN", cnn)):
-        if model_name.lower() not in args.models:
-            continue
-        keras.utils.set_random_seed(0)
-        base = build()
-        x = tf.reshape(images, (BATCH, 784)) if model_name == "MLP" else images
+    for model_name, base, x in models(args, images):
         for jit in (False, True):
             clean_step = trainer(clone(base), x, y, jit)
             for fmt_name, fmt in formats.items():
