@@ -105,8 +105,8 @@ def test_defaults_and_demo_example() -> None:
 
 
 @pytest.mark.parametrize(("data", "message"), [
-    ({"bogus": 1}, "config key 'bogus': unknown; allowed: campaign, data, framework, model, "
-                   "output, recipes, seed, title, train"),
+    ({"bogus": 1}, "config key 'bogus': unknown; allowed: campaign, data, framework, metric, "
+                   "model, output, recipes, seed, title, train"),
     ({"framework": "jax"}, "config key 'framework': got 'jax'; allowed: torch, keras"),
     ({"seed": -1}, "config key 'seed': got -1; allowed: an integer >= 0"),
     ({"train": {"epochs": -1}}, "config key 'train.epochs': got -1; allowed: a positive integer"),
@@ -130,7 +130,7 @@ def test_defaults_and_demo_example() -> None:
     ({"model": {"kwargs": {"hidden": 0}}}, "config key 'model.kwargs.hidden': got 0"),
     ({"model": {"name": "small_cnn", "kwargs": {"channels": [4]}}},
      "config key 'model.kwargs.channels': got [4]; allowed: two positive integers"),
-    ({"model": {"arch": "x"}}, "config key 'model.arch': unknown; allowed: kwargs, name"),
+    ({"model": {"arch": "x"}}, "config key 'model.arch': unknown; allowed: kind, kwargs, name, path"),
     ({"recipes": []}, "config key 'recipes': got []; allowed: a non-empty list"),
     ({"recipes": [{"format": None}]}, "config key 'recipes[0].name': got None"),
     ({"recipes": [{"name": "a"}, {"name": "a"}]},

@@ -12,7 +12,10 @@ from bitfault.recipes import Recipe
 from bitfault.targets import Targets
 
 FRAMEWORKS = ("torch", "keras")
-SOURCES = ("embedded", "idx", "npz", "fashion-mnist")
+SOURCES = ("embedded", "idx", "npz", "fashion-mnist", "text")
+PRETRAINED_KINDS = ("hf", "gguf")  # model.kind: a pretrained model bitfault does not train
+PRETRAINED_METRICS = ("perplexity", "agreement", "cosine")  # the top-level ``metric``
+TEXT_KEYS = ("context", "windows", "tokenizer")  # data keys of source "text" only
 BUILTIN_MODELS = {"seed_mlp": ("hidden", "seed"), "small_cnn": ("channels", "seed", "norm")}
 
 
@@ -36,25 +39,52 @@ def targets_value(targets: str | tuple[str, ...] | Targets) -> Any:
 
 @dataclass(frozen=True)
 class DataConfig:
-    """Where the digits come from; ``*_limit`` keeps the first N examples of a split."""
+    """Where the digits come from; ``*_limit`` keeps the first N examples of a split.
+
+    ``source: text`` (pretrained models): ``path`` a text file or ``lee`` (gensim's Lee
+    corpus), cut into ``windows`` rows of ``context`` tokens (an embedding metric: the
+    first ``windows`` lines, truncated to ``context`` tokens) by ``tokenizer`` (a tokenizer
+    directory; default: the model's own)."""
 
     source: str = "embedded"
     path: str | None = None
     train_limit: int | None = None
     test_limit: int | None = None
+    context: int | None = None
+    windows: int | None = None
+    tokenizer: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        drop = ("train_limit", "test_limit") if self.source == "text" else TEXT_KEYS
+        return {k: v for k, v in d.items() if k not in drop}
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """A built-in model (``seed_mlp``, ``small_cnn``) or ``"package.module:callable"``."""
+    """A built-in model (``seed_mlp``, ``small_cnn``) or ``"package.module:callable"``;
+    or, with ``kind`` "hf" (a Hugging Face model directory) or "gguf" (a GGUF file), the
+    pretrained model at ``path``, measured as it is (never trained)."""
 
     name: str = "seed_mlp"
     kwargs: Mapping[str, Any] = field(default_factory=dict)
+    kind: str | None = None
+    path: str | None = None
 
     @property
     def builtin(self) -> bool:
         """Whether ``name`` is one of bitfault's models (not a user's callable)."""
-        return self.name in BUILTIN_MODELS
+        return self.kind is None and self.name in BUILTIN_MODELS
+
+    @property
+    def pretrained(self) -> bool:
+        """Whether this is a pretrained model (``kind`` hf or gguf): no training."""
+        return self.kind in PRETRAINED_KINDS
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.pretrained:
+            return {"kind": self.kind, "path": self.path}
+        return {"name": self.name, "kwargs": dict(self.kwargs)}
 
 
 @dataclass(frozen=True)
@@ -120,6 +150,7 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     recipes: tuple[Recipe, ...] = field(default_factory=lambda: (Recipe(name="normal"),))
     campaign: CampaignConfig = field(default_factory=CampaignConfig)
+    metric: str | None = None  # pretrained models: one of PRETRAINED_METRICS
 
     def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **changes)
@@ -135,8 +166,9 @@ class RunConfig:
         return {
             "framework": self.framework, "seed": self.seed, "output": self.output,
             "title": self.title,
-            "data": dataclasses.asdict(self.data),
-            "model": {"name": self.model.name, "kwargs": dict(self.model.kwargs)},
+            **({"metric": self.metric} if self.metric is not None else {}),
+            "data": self.data.to_dict(),
+            "model": self.model.to_dict(),
             "train": dataclasses.asdict(self.train),
             "recipes": [r.to_dict() for r in self.recipes],
             "campaign": {"bers": list(c.bers), "chips": c.chips, "seed": c.seed,
@@ -155,5 +187,6 @@ class RunConfig:
 
 
 
-__all__ = ["BUILTIN_MODELS", "FRAMEWORKS", "SOURCES", "CampaignConfig", "ConfigError",
+__all__ = ["BUILTIN_MODELS", "FRAMEWORKS", "PRETRAINED_KINDS", "PRETRAINED_METRICS", "SOURCES",
+           "TEXT_KEYS", "CampaignConfig", "ConfigError",
            "DataConfig", "ModelConfig", "RunConfig", "TrainConfig", "targets_value"]

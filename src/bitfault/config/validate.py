@@ -17,6 +17,12 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from bitfault.config.pretrained import (
+    check_pretrained,
+    check_text_keys,
+    pretrained_model,
+    text_data,
+)
 from bitfault.config.schema import (
     BUILTIN_MODELS,
     FRAMEWORKS,
@@ -123,6 +129,9 @@ def _rate(value: Any, key: str) -> float:
 def _data(raw: Any) -> DataConfig:
     d = _keys(raw, tuple(f.name for f in dataclasses.fields(DataConfig)), "data")
     source = _choice(d.get("source", "embedded"), SOURCES, "data.source")
+    if source == "text":
+        return text_data(d)
+    check_text_keys(d, source)
     path = d.get("path")
     if path is not None and not isinstance(path, str):
         raise ConfigError("data.path", path, "a file or directory path (string) or null")
@@ -138,7 +147,9 @@ def _data(raw: Any) -> DataConfig:
 
 
 def _model(raw: Any) -> ModelConfig:
-    d = _keys(raw, ("name", "kwargs"), "model")
+    d = _keys(raw, ("name", "kwargs", "kind", "path"), "model")
+    if "kind" in d or "path" in d:
+        return pretrained_model(d)
     name = d.get("name", "seed_mlp")
     allowed = f"{', '.join(BUILTIN_MODELS)} or 'package.module:callable'"
     if not isinstance(name, str) or (name not in BUILTIN_MODELS and not _CALLABLE.match(name)):
@@ -371,13 +382,14 @@ def config_from_dict(data: Mapping[str, Any]) -> RunConfig:
     title = d.get("title", RunConfig.title)
     if not isinstance(title, str):
         raise ConfigError("title", title, "a string")
-    return RunConfig(framework=framework,
-                     seed=_int(d.get("seed", 0), "seed", minimum=0, maximum=SEED_MAX,
-                               why=" (NumPy's and Keras' seed range)"),
-                     output=output, title=title,
-                     data=_data(d.get("data")), model=_model(d.get("model")),
-                     train=_train(d.get("train")), recipes=_recipes(d.get("recipes")),
-                     campaign=_campaign(d.get("campaign")))
+    config = RunConfig(framework=framework,
+                       seed=_int(d.get("seed", 0), "seed", minimum=0, maximum=SEED_MAX,
+                                 why=" (NumPy's and Keras' seed range)"),
+                       output=output, title=title,
+                       data=_data(d.get("data")), model=_model(d.get("model")),
+                       train=_train(d.get("train")), recipes=_recipes(d.get("recipes")),
+                       campaign=_campaign(d.get("campaign")))
+    return check_pretrained(d, config)
 
 
 __all__ = ["INT64_MAX", "MAX_CHIPS", "SEED_MAX", "config_from_dict"]

@@ -1,0 +1,179 @@
+"""Config checks for pretrained models (``model: {kind: hf | gguf, path: ...}``): their
+model and text-data sections, the top-level ``metric``, and what such a run may not ask
+for (training, recipes that train, sweeps bitfault cannot run on them). Framework-free;
+whether the paths exist is checked when a campaign is planned, before anything is written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from bitfault.config.schema import (
+    PRETRAINED_KINDS,
+    PRETRAINED_METRICS,
+    TEXT_KEYS,
+    ConfigError,
+    DataConfig,
+    ModelConfig,
+    RunConfig,
+)
+from bitfault.errors import ArgumentError, check_int
+from bitfault.recipes import Recipe
+
+LEE = "lee"  # data.path naming gensim's Lee corpus
+DEFAULT_CONTEXT = 128
+DEFAULT_WINDOWS = {"cosine": 32}  # sentences for an embedding metric; token windows else 4
+CAUSAL_METRICS = ("perplexity", "agreement")  # metrics scoring a causal language model
+
+
+def _int(value: Any, key: str, minimum: int) -> int | None:
+    if value is None:
+        return None
+    try:
+        return check_int(value, key, minimum)
+    except ArgumentError as exc:
+        raise ConfigError(key, value, exc.allowed + " or null") from None
+
+
+def _path(value: Any, key: str, what: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(key, value, what)
+    return value
+
+
+def pretrained_model(d: Mapping[str, Any]) -> ModelConfig:
+    """``model: {kind, path}`` of a pretrained model (no name, no kwargs)."""
+    kind = d.get("kind")
+    if kind not in PRETRAINED_KINDS:
+        raise ConfigError("model.kind", kind, f"{', '.join(PRETRAINED_KINDS)} (a Hugging Face "
+                          "model directory or a GGUF file), or no kind for a model bitfault "
+                          "trains (model.name)")
+    for k in ("name", "kwargs"):
+        if k in d:
+            raise ConfigError(f"model.{k}", d[k], f"absent with model.kind {kind!r} (the "
+                              "model is read from model.path)")
+    what = ("a Hugging Face model directory (with config.json)" if kind == "hf"
+            else "a GGUF file (.gguf)")
+    return ModelConfig(kind=kind, path=_path(d.get("path"), "model.path", what))
+
+
+def text_data(d: Mapping[str, Any]) -> DataConfig:
+    """``data: {source: text, path: FILE | lee, context, windows, tokenizer}``."""
+    for k in ("train_limit", "test_limit"):
+        if d.get(k) is not None:
+            raise ConfigError(f"data.{k}", d[k], "null for data.source 'text' (use "
+                              "data.windows)")
+    path = _path(d.get("path"), "data.path", f"a text file (UTF-8) or {LEE!r} (gensim's Lee "
+                 "corpus) for data.source 'text'")
+    tokenizer = d.get("tokenizer")
+    if tokenizer is not None:
+        _path(tokenizer, "data.tokenizer", "a tokenizer directory, or null (the model's own)")
+    return DataConfig("text", path, context=_int(d.get("context"), "data.context", 2),
+                      windows=_int(d.get("windows"), "data.windows", 1), tokenizer=tokenizer)
+
+
+def check_text_keys(d: Mapping[str, Any], source: str) -> None:
+    """The keys of source "text" are refused with any other source."""
+    for k in TEXT_KEYS:
+        if d.get(k) is not None:
+            raise ConfigError(f"data.{k}", d[k], f"null for data.source {source!r} (only "
+                              "data.source 'text' reads it)")
+
+
+def metric_of(raw: Any, model: ModelConfig) -> str | None:
+    """The top-level ``metric``: for a pretrained model one of PRETRAINED_METRICS (default
+    perplexity) that fits its kind; absent for a model bitfault trains (accuracy)."""
+    if not model.pretrained:
+        if raw is not None:
+            raise ConfigError("metric", raw, "null for a model bitfault trains (its campaigns "
+                              "measure accuracy); metrics are for model.kind hf or gguf")
+        return None
+    metric = "perplexity" if raw is None else raw
+    if metric not in PRETRAINED_METRICS:
+        raise ConfigError("metric", metric, ", ".join(PRETRAINED_METRICS))
+    if model.kind == "gguf" and metric not in CAUSAL_METRICS:
+        raise ConfigError("metric", metric, f"{' or '.join(CAUSAL_METRICS)} for model.kind "
+                          "'gguf' (a causal language model)")
+    return metric
+
+
+def _storage_only(r: Recipe) -> bool:
+    """Whether recipe ``r`` says nothing but a name and a format (nothing that trains)."""
+    return dataclasses.replace(r, format=None) == Recipe(name=r.name, format=None)
+
+
+def pretrained_recipes(raw: Any, model: ModelConfig, recipes: tuple[Recipe, ...]
+                       ) -> tuple[Recipe, ...]:
+    """The recipes of a pretrained model: storage formats only (nothing trains). ``hf``:
+    each recipe names the format its weights are stored in; ``gguf``: at most one recipe,
+    a name only (the file's own blocks are the storage)."""
+    if model.kind == "gguf":
+        if raw is None:
+            return (Recipe(name="gguf", format=None),)
+        r = recipes[0]
+        if (len(recipes) != 1 or not _storage_only(r) or not isinstance(raw[0], Mapping)
+                or raw[0].get("format") is not None):
+            raise ConfigError("recipes", raw, "absent, or one recipe with only a name, for "
+                              "model.kind 'gguf' (its tensors are faulted in the blocks the "
+                              "file stores)")
+        return (Recipe(name=r.name, format=None),)
+    if raw is None:
+        raise ConfigError("recipes", None, "for model.kind 'hf': recipes naming the formats "
+                          "the weights are stored in, e.g. [{name: int8, format: {kind: "
+                          "int_quant, bits: 8, per_channel: true}}]")
+    for i, (r, given) in enumerate(zip(recipes, raw, strict=True)):
+        if not _storage_only(r):
+            extra = next(k for k in given if k not in ("name", "format")
+                         and getattr(r, k) != getattr(Recipe(name=r.name), k))
+            raise ConfigError(f"recipes[{i}].{extra}", given[extra], "absent for a "
+                              "pretrained model (nothing is trained: a recipe is a name and a "
+                              "storage format)")
+        if r.format is None or given.get("format") is None:
+            raise ConfigError(f"recipes[{i}].format", given.get("format"), "the format the "
+                              "weights are stored in (campaigns fault stored words)")
+    return recipes
+
+
+def check_pretrained(d: Mapping[str, Any], config: RunConfig) -> RunConfig:
+    """Cross-section checks of a config; returns it with a pretrained model's recipes and
+    metric resolved. ``d``: the raw mapping (what the user wrote)."""
+    model, data = config.model, config.data
+    metric = metric_of(d.get("metric"), model)
+    if not model.pretrained:
+        if data.source == "text":
+            raise ConfigError("data.source", "text", "a digit source for a model bitfault "
+                              "trains; text is for model.kind hf or gguf")
+        return config
+    if data.source != "text":
+        raise ConfigError("data.source", data.source, f"'text' for model.kind {model.kind!r}")
+    if "train" in d:
+        raise ConfigError("train", d["train"], f"absent for model.kind {model.kind!r} "
+                          "(pretrained models are measured as they are, not trained)")
+    if config.framework != "torch":
+        raise ConfigError("framework", config.framework, f"torch for model.kind "
+                          f"{model.kind!r}")
+    c = config.campaign
+    if c.single_faults is not None:
+        raise ConfigError("campaign.single_faults", c.single_faults, "null for a pretrained "
+                          "model (statistical single-fault injection scores predictions "
+                          "against labels)")
+    if c.memory is not None:
+        raise ConfigError("campaign.memory", dict(c.memory), "null for a pretrained model")
+    if model.kind == "gguf":
+        if c.bits:
+            raise ConfigError("campaign.bits", True, "false for model.kind 'gguf' (its "
+                              "tensors are stored in several formats; use plane_rates)")
+        if c.fault.bits is not None:
+            raise ConfigError("campaign.fault", c.fault.to_dict(), "a fault model on every "
+                              "bit for model.kind 'gguf' (choose planes with plane_rates)")
+    recipes = pretrained_recipes(d.get("recipes"), model, config.recipes)
+    windows = data.windows or DEFAULT_WINDOWS.get(metric, 4)
+    data = DataConfig("text", data.path, context=data.context or DEFAULT_CONTEXT,
+                      windows=windows, tokenizer=data.tokenizer)
+    return config.replace(metric=metric, recipes=recipes, data=data)
+
+
+__all__ = ["CAUSAL_METRICS", "LEE", "check_pretrained", "check_text_keys", "metric_of",
+           "pretrained_model", "pretrained_recipes", "text_data"]
