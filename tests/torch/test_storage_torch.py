@@ -3,7 +3,6 @@ words (the spec's decoded maps), bit for bit the NumPy core, permanent and trans
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
