@@ -31,9 +31,9 @@ from bitfault.keras.layouts import draw_maps
 def old_resample(layer: FaultyLayer, step: int) -> None:
     maps = draw_maps(layer._slots, layer.spec, step)
     eligible = layer.spec.fault.eligible_mask(layer.spec.format)
-    for slot, var in zip(layer._slots, layer._mask_variables, strict=True):
+    for slot, variables in zip(layer._slots, layer._mask_variables, strict=True):
         dense = maps[slot.name].restricted(eligible).to_dense(layer.spec.format.container)
-        var.assign(slot.to_keras(dense))
+        variables[0].assign(slot.to_keras(dense))  # the codes plane's mask
     layer._maps = maps
     layer.step = step
 
