@@ -11,6 +11,7 @@ and fault-aware steps alternate one by one; a ratio is the median over rounds of
 
     python benchmarks/bench_torch_blocks.py            # full run, a few minutes
     python benchmarks/bench_torch_blocks.py --quick    # a smoke run, seconds
+    python benchmarks/bench_torch_blocks.py --models MLP --maps transient --only MX
 """
 
 from __future__ import annotations
@@ -28,13 +29,17 @@ from bitfault.torch import inject_
 def main() -> None:
     parser = arguments(__doc__)
     parser.add_argument("--only", default="", help="run formats whose name contains this")
+    parser.add_argument("--models", default="MLP,CNN", help="comma-separated: MLP, CNN")
+    parser.add_argument("--maps", default="permanent,transient",
+                        help="comma-separated: permanent, transient")
     args = parser.parse_args()
     x, y = setup(args)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), batch {BATCH}, "
           f"ber {BER} in every plane, SGD; ratio = fault-aware step / clean step (median of "
           f"{args.rounds} alternating rounds x {args.per_round} steps)")
     print(f"{'model':5} {'format':24} {'maps':10} {'clean ms':>9} {'faulty ms':>9} {'ratio':>7}")
-    for model_name, build in (("MLP", mlp), ("CNN", cnn)):
+    models = [m for m in (("MLP", mlp), ("CNN", cnn)) if m[0] in args.models.split(",")]
+    for model_name, build in models:
         torch.manual_seed(0)
         base = build()
         clean_step, _ = trainer(copy.deepcopy(base), x, y)
@@ -42,7 +47,8 @@ def main() -> None:
             if args.only not in fmt_name:
                 continue
             for persistence in ("permanent", "transient"):
-                if persistence == "transient" and fmt_name not in TRANSIENT_FORMATS:
+                if persistence not in args.maps.split(",") or (
+                        persistence == "transient" and fmt_name not in TRANSIENT_FORMATS):
                     continue
                 model = copy.deepcopy(base)
                 handle = inject_(model, bf.FaultSpec(format=fmt, ber=BER, seed=0,

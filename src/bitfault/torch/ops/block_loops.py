@@ -2,14 +2,14 @@
 
 Every kernel takes the flat float32 tensor ``x`` (C order, the block axis last: ``rows`` x
 ``length``, each row ``nbpr`` blocks of ``k``, the last one short by the padding) and writes
-``out`` in the same order; block ``b = r * nbpr + j``. Faults, by block: codes at
-``cslot/cmask[cstart[b]:cstart[b + 1]]`` (slots in the block), ``bmask[plane, b]`` for the
-block planes (a zero mask changes nothing), ``tmask`` for a tensor plane; ``op`` as
-``ops.numba.fault_op``. Per block: its statistics, its scale words, the faulty scale
-words, the codes of the clean values, their decoded values, then the faulty codes again.
-Each loop runs on the block's own slice (stride one: LLVM vectorises it). The arithmetic is
-the core's: float32 operations in its order (see the ``formats`` modules). Not imported by
-anything but ``ops.block_numba``, which compiles these functions.
+``out`` in the same order; block ``b = r * nbpr + j``. Faults, sorted by block-form position
+and walked block by block (nothing per block of the tensor is built for them): codes
+``cpos/cmask`` (``b * k + slot``), the block planes ``b0pos/b0mask`` and ``b1pos/b1mask``
+(block numbers), ``tmask`` for a tensor plane; ``op`` as ``ops.numba.fault_op``. Per
+block: its statistics, its scale words, the faulty scale words, the codes of the clean
+values, their decoded values, then the faulty codes again. The arithmetic is the core's:
+float32 operations in its order (see the ``formats`` modules). Not imported by anything
+but ``ops.block_numba``, which compiles these functions.
 """
 
 from __future__ import annotations
@@ -25,6 +25,21 @@ def _fault(word, mask, op):  # pragma: no cover (compiled)
     if op == 1:
         return word | mask
     return word & ~mask
+
+
+def _block_mask(pos, masks, p, b):  # pragma: no cover (compiled)
+    """(block ``b``'s mask in the sorted distinct block numbers ``pos`` from ``p`` on (0 when
+    it has none), where the next block's search starts)."""
+    if p < pos.size and pos[p] == b:
+        return masks[p], p + 1
+    return np.int64(0), p
+
+
+def _code_end(cpos, f, stop):  # pragma: no cover (compiled)
+    """The end of the run of sorted code positions below ``stop`` that starts at ``f``."""
+    while f < cpos.size and cpos[f] < stop:
+        f += 1
+    return f
 
 
 def _f16_bits(u):  # pragma: no cover (compiled)
@@ -98,22 +113,26 @@ def _mx_value(c, int8, dec, scale):  # pragma: no cover (compiled)
     return _first_nan(dec[c], scale)
 
 
-def mx_kernel(x, out, rows, length, k, nbpr, cstart, cslot, cmask, bmask, tmask, op, int8,
+def mx_kernel(x, out, rows, length, k, nbpr, cpos, cmask, b0pos, b0mask, b1pos, b1mask,
+              tmask, op, int8,
               emax, enc, shift, key_mask, dec, code_mask, e8m0):  # pragma: no cover
     xu = x.view(np.uint32)
     yb = np.zeros(k, np.float32)
     yu = yb.view(np.uint32)
     cb = np.zeros(k, np.int64)
+    f = p0 = p1 = 0
     for r in range(rows):
         for j in range(nbpr):
             b = r * nbpr + j
+            m0, p0 = _block_mask(b0pos, b0mask, p0, b)
+            m1, p1 = _block_mask(b1pos, b1mask, p1, b)
             a0 = r * length + j * k
             n = min(k, length - j * k)
             xb, ob = x[a0:a0 + n], out[a0:a0 + n]
             biased = np.int64(_magnitude(xu[a0:a0 + n], n) >> np.uint32(23))
             e = min(max((-127 if biased == 0 else biased - 127) - emax, -127), 127)
             inv = e8m0[127 - e]  # 2**-E, exact
-            scale = e8m0[_fault(e + 127, bmask[0, b], op) & 0xFF]
+            scale = e8m0[_fault(e + 127, m0, op) & 0xFF]
             for s in range(n):
                 yb[s] = xb[s] * inv
             if int8:
@@ -123,13 +142,16 @@ def mx_kernel(x, out, rows, length, k, nbpr, cstart, cslot, cmask, bmask, tmask,
                 _small_codes(yb, yu, cb, n, enc, shift, key_mask)
             for s in range(n):
                 ob[s] = _mx_value(cb[s], int8, dec, scale)
-            for f in range(cstart[b], cstart[b + 1]):
-                s = cslot[f]
-                ob[s] = _mx_value(_fault(cb[s], cmask[f], op) & code_mask, int8, dec, scale)
+            end = _code_end(cpos, f, b * k + k)
+            for g in range(f, end):
+                s = cpos[g] - b * k
+                ob[s] = _mx_value(_fault(cb[s], cmask[g], op) & code_mask, int8, dec, scale)
+            f = end
     return True
 
 
-def nvfp4_kernel(x, out, rows, length, k, nbpr, cstart, cslot, cmask, bmask, tmask, op,
+def nvfp4_kernel(x, out, rows, length, k, nbpr, cpos, cmask, b0pos, b0mask, b1pos, b1mask,
+              tmask, op,
                  e2m1_enc, e2m1_shift, e2m1_keys, e2m1_dec, e4m3_enc, e4m3_shift, e4m3_keys,
                  e4m3_dec):  # pragma: no cover (compiled)
     xu = x.view(np.uint32)
@@ -146,9 +168,12 @@ def nvfp4_kernel(x, out, rows, length, k, nbpr, cstart, cslot, cmask, bmask, tma
     t_nan = t_faulty != t_faulty  # NumPy's product by a 0-d NaN gives that NaN, quieted:
     yu[0] |= np.uint32(0x400000)  # every value is it
     t_quiet = yb[0]
+    f = p0 = p1 = 0
     for r in range(rows):
         for j in range(nbpr):
             b = r * nbpr + j
+            m0, p0 = _block_mask(b0pos, b0mask, p0, b)
+            m1, p1 = _block_mask(b1pos, b1mask, p1, b)
             a0 = r * length + j * k
             n = min(k, length - j * k)
             xb, ob = x[a0:a0 + n], out[a0:a0 + n]
@@ -159,16 +184,18 @@ def nvfp4_kernel(x, out, rows, length, k, nbpr, cstart, cslot, cmask, bmask, tma
             denominator = e4m3_dec[word] * t
             if denominator == 0:
                 denominator = np.float32(np.inf)  # x / inf: a zero of x's sign
-            scale = e4m3_dec[_fault(word, bmask[0, b], op) & 0xFF]
+            scale = e4m3_dec[_fault(word, m0, op) & 0xFF]
             for s in range(n):
                 yb[s] = xb[s] / denominator
             _small_codes(yb, yu, cb, n, e2m1_enc, e2m1_shift, e2m1_keys)
             for s in range(n):
                 ob[s] = t_quiet if t_nan else _first_nan(e2m1_dec[cb[s]] * scale, t_faulty)
-            for f in range(cstart[b], cstart[b + 1]):
-                s = cslot[f]
-                q = e2m1_dec[_fault(cb[s], cmask[f], op) & 0xF]
+            end = _code_end(cpos, f, b * k + k)
+            for g in range(f, end):
+                s = cpos[g] - b * k
+                q = e2m1_dec[_fault(cb[s], cmask[g], op) & 0xF]
                 ob[s] = t_quiet if t_nan else _first_nan(q * scale, t_faulty)
+            f = end
     return True
 
 
@@ -226,7 +253,8 @@ def _gguf_value(q, kind, d, m):  # pragma: no cover (compiled)
     return scaled if scaled != scaled else scaled + m  # NaN + NaN: the first, as NumPy
 
 
-def gguf_kernel(x, out, rows, length, k, nbpr, cstart, cslot, cmask, bmask, tmask, op, kind,
+def gguf_kernel(x, out, rows, length, k, nbpr, cpos, cmask, b0pos, b0mask, b1pos, b1mask,
+              tmask, op, kind,
                 f16_dec):  # pragma: no cover (compiled)
     xu = x.view(np.uint32)
     sc = np.zeros(1, np.float32)
@@ -234,9 +262,12 @@ def gguf_kernel(x, out, rows, length, k, nbpr, cstart, cslot, cmask, bmask, tmas
     buf = np.zeros(k, np.float32)  # the block, padded with zeros
     tmp = np.zeros(k, np.float32)
     cb = np.zeros(k, np.int64)
+    f = p0 = p1 = 0
     for r in range(rows):
         for j in range(nbpr):
             b = r * nbpr + j
+            m0, p0 = _block_mask(b0pos, b0mask, p0, b)
+            m1, p1 = _block_mask(b1pos, b1mask, p1, b)
             a0 = r * length + j * k
             n = min(k, length - j * k)
             xb, ob = x[a0:a0 + n], out[a0:a0 + n]
@@ -261,17 +292,19 @@ def gguf_kernel(x, out, rows, length, k, nbpr, cstart, cslot, cmask, bmask, tmas
                 mn = _extreme(buf, tmp, k, False)
                 d = (mx - mn) / np.float32(15.0)
             inv = np.float32(0.0) if d == 0 else np.float32(1.0) / d
-            dq = f16_dec[_fault(_f16(d, sc, scu), bmask[0, b], op) & 0xFFFF]
-            mq = f16_dec[_fault(_f16(mn, sc, scu), bmask[1, b], op) & 0xFFFF] if kind == 2 \
+            dq = f16_dec[_fault(_f16(d, sc, scu), m0, op) & 0xFFFF]
+            mq = f16_dec[_fault(_f16(mn, sc, scu), m1, op) & 0xFFFF] if kind == 2 \
                 else np.float32(0.0)
             for s in range(n):
                 cb[s] = _gguf_code(xb[s], kind, inv, mn)
             for s in range(n):
                 ob[s] = _gguf_value(cb[s], kind, dq, mq)
-            for f in range(cstart[b], cstart[b + 1]):
-                s = cslot[f]
-                q = _fault(cb[s], cmask[f], op) & (0xFF if kind == 0 else 0xF)
+            end = _code_end(cpos, f, b * k + k)
+            for g in range(f, end):
+                s = cpos[g] - b * k
+                q = _fault(cb[s], cmask[g], op) & (0xFF if kind == 0 else 0xF)
                 ob[s] = _gguf_value(q, kind, dq, mq)
+            f = end
     return True
 
 
@@ -290,7 +323,8 @@ def _gw_value(q, symmetric, top, zp):  # pragma: no cover (compiled)
     return np.float32(q - zp)
 
 
-def groupwise_kernel(x, out, rows, length, k, nbpr, cstart, cslot, cmask, bmask, tmask, op,
+def groupwise_kernel(x, out, rows, length, k, nbpr, cpos, cmask, b0pos, b0mask, b1pos, b1mask,
+              tmask, op,
                      symmetric, bits, lo_code, hi_code, f16_dec):  # pragma: no cover
     sc = np.zeros(1, np.float32)
     scu = sc.view(np.uint32)
@@ -298,9 +332,12 @@ def groupwise_kernel(x, out, rows, length, k, nbpr, cstart, cslot, cmask, bmask,
     mask = (1 << bits) - 1
     top = 1 << (bits - 1)
     storable = True
+    f = p0 = p1 = 0
     for r in range(rows):
         for j in range(nbpr):
             b = r * nbpr + j
+            m0, p0 = _block_mask(b0pos, b0mask, p0, b)
+            m1, p1 = _block_mask(b1pos, b1mask, p1, b)
             a0 = r * length + j * k
             n = min(k, length - j * k)
             xb, ob = x[a0:a0 + n], out[a0:a0 + n]
@@ -323,20 +360,22 @@ def groupwise_kernel(x, out, rows, length, k, nbpr, cstart, cslot, cmask, bmask,
             if not symmetric:
                 z = -np.rint(lo / scale)
                 zp = np.int64(min(max(z, np.float32(lo_code)), np.float32(hi_code)))
-            s_faulty = f16_dec[_fault(word, bmask[0, b], op) & 0xFFFF]
-            zp_faulty = (_fault(zp, bmask[1, b], op) & mask) if not symmetric else 0
+            s_faulty = f16_dec[_fault(word, m0, op) & 0xFFFF]
+            zp_faulty = (_fault(zp, m1, op) & mask) if not symmetric else 0
             for s in range(n):
                 cb[s] = _gw_code(xb[s], inv, zp, lo_code, hi_code) & mask
             for s in range(n):
                 ob[s] = _gw_value(cb[s], symmetric, top, zp_faulty) * s_faulty
-            for f in range(cstart[b], cstart[b + 1]):
-                s = cslot[f]
-                q = _fault(cb[s], cmask[f], op) & mask
+            end = _code_end(cpos, f, b * k + k)
+            for g in range(f, end):
+                s = cpos[g] - b * k
+                q = _fault(cb[s], cmask[g], op) & mask
                 ob[s] = _gw_value(q, symmetric, top, zp_faulty) * s_faulty
+            f = end
     return storable
 
 
-HELPERS = ("_fault", "_f16_bits", "_rint_code", "_small_codes", "_magnitude",
-           "_first_nan", "_mx_value", "_f16", "_extreme", "_gguf_code", "_gguf_value",
+HELPERS = ("_block_mask", "_code_end", "_fault", "_f16_bits", "_rint_code", "_small_codes",
+           "_magnitude", "_first_nan", "_mx_value", "_f16", "_extreme", "_gguf_code", "_gguf_value",
            "_gw_code", "_gw_value")
 KERNELS = ("mx_kernel", "nvfp4_kernel", "gguf_kernel", "groupwise_kernel")

@@ -111,22 +111,33 @@ def _format_args(fmt: BlockFormat) -> tuple:
     return fmt.symmetric, fmt.bits, lo, hi, decode_table("float16")
 
 
+def _sorted(pos: np.ndarray, masks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``pos`` ascending (already so when the block axis is last) and ``masks`` with it."""
+    if pos.size > 1 and not bool((pos[1:] >= pos[:-1]).all()):
+        order = np.argsort(pos, kind="stable")
+        pos, masks = pos[order], masks[order]
+    return np.ascontiguousarray(pos, dtype=np.int64), np.ascontiguousarray(masks, dtype=np.int64)
+
+
+_NONE = np.zeros(0, np.int64)
+
+
 def _fault_arrays(fmt: BlockFormat, faults: BlockFaults) -> tuple:
-    """(cstart, cslot, cmask, bmask, tmask): the faults of every plane, by block."""
-    lay = faults.layout
-    pos, masks = faults.host.get("codes", (np.zeros(0, np.int64), np.zeros(0, np.int64)))
-    order = np.argsort(pos, kind="stable")
-    pos, masks = pos[order], masks[order]
-    cstart = np.searchsorted(pos // lay.k, np.arange(lay.n_blocks + 1)).astype(np.int64)
-    bmask = np.zeros((2, lay.n_blocks), np.int64)
-    tmask = 0
+    """(cpos, cmask, b0pos, b0mask, b1pos, b1mask, tmask): every plane's faults, sorted by
+    block-form position (codes ``block * k + slot``, block planes the block number), so that
+    the kernels walk them block by block; cost in proportion to the faults."""
     block_planes = [p.name for p in fmt.planes if p.per == "block"]
+    arrays = [_NONE] * 6
+    tmask = 0
     for name, (where, m) in faults.host.items():
-        if name in block_planes:
-            bmask[block_planes.index(name), where] = m
-        elif name != "codes":
+        if name == "codes":
+            arrays[0:2] = _sorted(where, m)
+        elif name in block_planes:
+            i = 2 + 2 * block_planes.index(name)
+            arrays[i:i + 2] = _sorted(where, m)
+        else:
             tmask = int(m[0])
-    return cstart, np.ascontiguousarray(pos % lay.k), np.ascontiguousarray(masks), bmask, tmask
+    return (*arrays, tmask)
 
 
 def bind(fmt: BlockFormat, fault: FaultModel, faults: BlockFaults

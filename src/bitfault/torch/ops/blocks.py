@@ -15,6 +15,7 @@ works at once. float16 and float64 tensors go through float32, as the core does.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,19 +44,46 @@ def _lead_and_position(flat: np.ndarray, shape: tuple[int, ...], axis: int
     return row.astype(np.int64), index[axis].astype(np.int64)
 
 
+@functools.lru_cache(maxsize=256)
+def _eligible(fault: FaultModel, fmt: BlockFormat, plane: str) -> np.uint32:
+    return np.uint32(fault.eligible_mask(fmt, plane))
+
+
+def _plane_faults(fmap: FaultMap, fmt: BlockFormat, fault: FaultModel, plane: str
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """``memory.plane_faults``, the eligible mask of (fault, format, plane) computed once."""
+    try:
+        eligible = _eligible(fault, fmt, plane)
+    except TypeError:  # an unhashable format or fault model
+        return plane_faults(fmap, fmt, fault, plane)
+    pmap = fmap.plane(plane)
+    if pmap is None:
+        return np.zeros(0, np.int64), np.zeros(0, np.uint32)
+    masks = pmap.masks & eligible
+    keep = masks != 0
+    return pmap.indices[keep], masks[keep]
+
+
 def block_positions(fmap: FaultMap, fmt: BlockFormat, fault: FaultModel, lay: BlockLayout
                     ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Every faulted plane's (positions in block form, int64 masks of the bits ``fault``
     may touch): codes ``block * k + slot``, block planes the block number, a tensor
-    plane 0. Planes without an eligible fault are left out."""
+    plane 0. Planes without an eligible fault are left out. Cost: in proportion to the
+    faults (the block axis last, the common case, is plain arithmetic on the indices)."""
     out = {}
+    last = lay.axis == len(lay.shape) - 1
     for plane in fmt.planes:
-        idx, masks = plane_faults(fmap, fmt, fault, plane.name)
+        idx, masks = _plane_faults(fmap, fmt, fault, plane.name)
         if not idx.size:
             continue
-        if plane.per == "element":
+        if plane.per == "element" and last:  # row * length + p -> row * nbpr * k + p
+            pad = lay.n_blocks_per_row * lay.k - lay.length
+            pos = idx + (idx // lay.length) * pad if pad else idx
+        elif plane.per == "element":
             row, p = _lead_and_position(idx, lay.shape, lay.axis)
             pos = (row * lay.n_blocks_per_row + p // lay.k) * lay.k + p % lay.k
+        elif plane.per == "block" and last:  # the flat block-plane index is the block
+            pos = idx
         elif plane.per == "block":
             row, b = _lead_and_position(idx, lay.block_plane_shape, lay.axis)
             pos = row * lay.n_blocks_per_row + b
