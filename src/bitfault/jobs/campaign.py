@@ -173,7 +173,7 @@ def store_differences(store: Path, evaluator: Any, memory: Memory, seed: int) ->
         old = json.loads(text or "{}")
         fields |= {k for k in want if old.get(k) != want[k]}
     names = {"fault": "campaign.fault", "format": "the recipe's format"}
-    diffs += [f"the memory's {f} ({names[f]})" for f in sorted(fields)]
+    diffs += [f"the memory's {f} ({names.get(f, 'campaign.' + f)})" for f in sorted(fields)]
     if chip_seeds(store) - {seed}:
         diffs.append("the chips' seeds (campaign.seed)")
     return diffs
@@ -196,6 +196,15 @@ def run_campaign(run_dir: str | os.PathLike[str] | None = None,
     if config is not None:
         config = load_config(config)
     rd = RunDir(run_dir if run_dir is not None else config.output)
+    pretrained = config if config is not None else rd.config() if rd.exists() else None
+    if pretrained is not None and pretrained.model.pretrained:  # no training: see pretrained_run
+        from bitfault.jobs.pretrained_run import run_pretrained
+
+        if framework not in (None, pretrained.framework):
+            raise ValueError(f"--framework {framework}: model.kind {pretrained.model.kind!r} "
+                             f"runs in {pretrained.framework}")
+        return run_pretrained(pretrained.replace(output=os.fspath(rd.path)), reporter=reporter,
+                              replace_stores=replace_stores)
     if config is not None and not rd.exists():
         raise FileNotFoundError(f"{rd.path}: no trained run there; run `bitfault train` "
                                 "with this config first")

@@ -86,6 +86,10 @@ def _make_report(rd: RunDir, reporter: Reporter) -> dict[str, str]:
     from bitfault.report import build_report
 
     config = rd.config()
+    if config.model.pretrained:
+        from bitfault.jobs.pretrained_report import make_pretrained_report
+
+        return make_pretrained_report(rd, config, reporter)
     summary, c = load_summary(rd, config)
     left = incomplete(summary["models"]) + [
         f"{r.name} (no campaign yet)" for r in config.recipes if r.name not in summary["models"]]

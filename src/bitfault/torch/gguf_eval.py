@@ -1,0 +1,152 @@
+"""Campaigns on a GGUF file: faults in the planes the file stores, one model loaded once.
+
+``GGUFFileMemory`` is the campaign ``Memory`` of a whole file: each tensor's maps are drawn
+in the format that tensor is stored in (Q4_1 codes, scales and minimums; Q8_0; F32 words),
+so the campaign engine (``bitfault.campaign.run``) draws a trial's maps exactly as
+``GGUFMemory.random_maps`` does (nested in the rate, seeded by the GGUF name).
+``GGUFEvaluator`` scores a trial: its maps go through ``GGUFModel.inject_`` (the faulty
+planes dequantised into the transformers model, the previous trial's tensors put back),
+then the model runs on the token windows and an ``OutputMetric`` compares its logits with
+the clean run's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from bitfault.campaign.evaluator import Maps, check_max_bytes, digest_arrays
+from bitfault.campaign.metrics import OutputMetric, make_records
+from bitfault.errors import ArgumentError
+from bitfault.faults import BitFlip
+from bitfault.formats import GGUF, BlockFormat, Format, plane_formats
+from bitfault.maps import FaultMap
+from bitfault.memory import Memory
+
+REPRESENTATIVE = GGUF("q4_1")  # every plane a GGUF block can have: codes, scale, min
+
+
+@dataclass(frozen=True)
+class GGUFFileMemory(Memory):
+    """A GGUF file's memory: ``formats`` (GGUF name -> the format the file stores it in);
+    ``format`` is Q4_1, whose planes (codes, scale, min) name every plane ``plane_rates``
+    may weigh. A tensor takes the planes it has; a float tensor's words are its codes."""
+
+    formats: Mapping[str, Format] = field(default_factory=dict)
+
+    def random_map(self, shape: tuple[int, ...], *, ber: Any = None, count: int | None = None,
+                   seed: int = 0, name: str = "", bits: Any = None,
+                   step: int | None = None) -> FaultMap:
+        if name not in self.formats:
+            raise ArgumentError("name", name, "a tensor of the GGUF file")
+        fmt = self.formats[name]
+        rate = ber
+        if isinstance(ber, Mapping):
+            have = tuple(plane_formats(fmt))
+            rate = ({p: v for p, v in ber.items() if p in have} if isinstance(fmt, BlockFormat)
+                    else ber.get("codes", 0.0))
+        return FaultMap.random(shape, fmt, ber=rate, count=count, seed=seed, name=name,
+                               bits=bits, step=step, fault=self.fault)
+
+    def to_dict(self) -> dict[str, Any]:
+        types = {n: f.to_dict() for n, f in sorted(self.formats.items())}
+        digest = hashlib.sha256(repr(types).encode()).hexdigest()[:16]
+        return {**super().to_dict(), "format": {"kind": "gguf_file", "formats": digest}}
+
+
+class GGUFEvaluator:
+    """``gm`` (a ``GGUFModel``) on token ``windows`` (N, T) scored by ``metric`` against
+    next-token ``labels`` (N, T); ``targets`` choose GGUF tensors (``GGUFMemory.select``)."""
+
+    def __init__(self, gm: Any, windows: Any, labels: np.ndarray, *,
+                 metric: OutputMetric | str = "language_model", targets: Any = "weights",
+                 batch_size: int | None = None, max_bytes: int = 256 << 20) -> None:
+        import torch
+
+        self.gm = gm
+        self.metric = metric if isinstance(metric, OutputMetric) else OutputMetric(metric)
+        self.x = torch.as_tensor(np.asarray(windows, np.int64))
+        self.labels = np.asarray(labels, np.int64)
+        self.max_bytes = check_max_bytes(max_bytes)
+        n = len(self.x)
+        size = batch_size or n
+        self._batches = [slice(i, min(i + size, n)) for i in range(0, n, size)]
+        names = [t for t in gm.memory.select(targets) if t in gm.targets]
+        if not names:
+            raise ArgumentError("targets", targets, "targets choosing tensors of the file",
+                                requirement=f"no tensor of {gm.memory.path} the model computes "
+                                            f"with is chosen by {targets!r}")
+        self.shapes = {t: tuple(gm.memory.tensors[t].shape) for t in names}
+        self.memory = GGUFFileMemory(REPRESENTATIVE, BitFlip(),
+                                     formats={t: gm.memory.tensors[t].format for t in names})
+        self._clean: dict[int, np.ndarray] = {}
+        self._applied: Any = None
+        gm.restore_()
+        first = self._outputs(self._batches[0])
+        self.metric.check(first.shape, self.labels[self._batches[0]])
+        self._digest = self._file_digest()
+
+    def with_memory(self, fault: Any, plane_rates: Mapping[str, float] | None) -> Memory:
+        """The campaign memory: this file's formats, ``fault``, ``plane_rates``."""
+        return GGUFFileMemory(REPRESENTATIVE, fault, plane_rates, formats=self.memory.formats)
+
+    def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
+        return dict(self.shapes)
+
+    def _file_digest(self) -> str:
+        h = hashlib.sha256()
+        with open(self.gm.memory.path, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 22), b""):
+                h.update(chunk)
+        h.update(repr(sorted(self.shapes)).encode())
+        return h.hexdigest()
+
+    def model_digest(self) -> str:
+        return self._digest
+
+    def data_digest(self) -> str:
+        return digest_arrays({"x": self.x.numpy(), "y": self.labels})
+
+    def _outputs(self, b: slice) -> np.ndarray:
+        import torch
+
+        with torch.no_grad():
+            logits = self.gm.model(self.x[b]).logits
+        return logits.float().cpu().numpy()
+
+    def _clean_output(self, i: int, b: slice) -> np.ndarray:
+        hit = self._clean.get(i)
+        if hit is None:
+            self.gm.restore_()
+            self._applied = None
+            hit = self._outputs(b)
+            if sum(v.nbytes for v in self._clean.values()) + hit.nbytes <= self.max_bytes:
+                self._clean[i] = hit
+        return hit
+
+    def predict(self, batch_of_maps: Sequence[Maps], memory: Memory) -> list[np.ndarray]:
+        """Per-example records (``make_records``) of each map set."""
+        out = []
+        for maps in batch_of_maps:
+            active = {n: m for n, m in maps.items()
+                      if m.n_faults or any(p.n_faults for p in m.planes.values())}
+            parts = []
+            for i, b in enumerate(self._batches):
+                clean = self._clean_output(i, b)
+                faulty = clean
+                if active:
+                    if self._applied is not active:
+                        self._applied = None
+                        self.gm.inject_(active, memory.fault)
+                        self._applied = active
+                    faulty = self._outputs(b)
+                parts.append(make_records(self.metric, faulty, clean, self.labels[b]))
+            out.append(np.concatenate(parts))
+        return out
+
+
+__all__ = ["GGUFEvaluator", "GGUFFileMemory"]
