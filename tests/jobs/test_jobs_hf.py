@@ -290,3 +290,17 @@ def test_cli_campaign_and_report(assets, tmp_path, capsys) -> None:
     assert out["ok"] and Path(out["report"]).is_file()
     assert main(["campaign", str(tmp_path / "run"), "--quiet"]) == 0
     assert "perplexity" in capsys.readouterr().out
+
+
+def test_agreement_headline_and_the_example_configs_validate(assets, tmp_path) -> None:
+    pytest.importorskip("yaml")
+    summary = run_campaign(config=_hf_config(assets, tmp_path / "run", metric="agreement",
+                                             campaign={"bers": [1e-2], "chips": 2,
+                                                       "bits": True}))
+    m = summary["models"]["int8"]
+    assert summary["value"] == "next_token_agreement" and m["clean"][summary["value"]] == 1.0
+    assert all(0 <= r["mean"] <= 1 for r in m["rate"]) and len(m["bit"]) == 8
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    for name, kind in (("smollm2_gguf.yaml", "gguf"), ("minilm_hf.yaml", "hf")):
+        config = load_config(examples / name)  # validated only: the real models are not run
+        assert config.model.kind == kind and config.data.path == "lee"
