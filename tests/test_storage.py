@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from ecc_reference import ref_check, ref_check_bits, ref_scheme
 
 import bitfault as bf
 from bitfault.campaign import rate_sweep, run
@@ -19,6 +18,7 @@ from bitfault.layout import WordLayout
 from bitfault.maps.patterns import IndependentBits, MultiBitUpset
 from bitfault.protection import Parity, SecDed
 from bitfault.storage import Storage
+from ecc_reference import ref_check, ref_check_bits, ref_scheme
 
 
 def _reference_map(clean: np.ndarray, bits: int, word_bits: int, kind: str, faults) -> tuple:
