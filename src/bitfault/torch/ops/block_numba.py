@@ -69,6 +69,12 @@ def decode_table(name: str) -> np.ndarray:
 
 # ---- compiling and binding --------------------------------------------------------------------
 
+# no bounds checks; NumPy's error model: no zero check on a float division (none divides by
+# zero: where the core's would, the loops test first), which lets the loops vectorise;
+# no fast-math (it may change bits), no threads (the training step has its own)
+_JIT = {"boundscheck": False, "error_model": "numpy"}
+
+
 @functools.cache
 def _kernels() -> dict[type, Callable]:
     """Compile on first use (cached on disk where Numba can write): the helpers first,
@@ -77,9 +83,9 @@ def _kernels() -> dict[type, Callable]:
 
     def jit(fn: Callable, **options: str) -> Callable:
         try:
-            return numba.njit(nogil=True, cache=True, boundscheck=False, **options)(fn)
+            return numba.njit(nogil=True, cache=True, **_JIT, **options)(fn)
         except Exception:  # no writable cache directory: compile in memory every process
-            return numba.njit(nogil=True, boundscheck=False, **options)(fn)
+            return numba.njit(nogil=True, **_JIT, **options)(fn)
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Numba's notes on caching
@@ -91,7 +97,7 @@ def _kernels() -> dict[type, Callable]:
 
 def _small(name: str) -> tuple:
     table, shift, key_mask = encode_table(name)
-    return table, shift, key_mask, decode_table(name)
+    return table, np.uint32(shift), np.uint32(key_mask), decode_table(name)
 
 
 def _format_args(fmt: BlockFormat) -> tuple:
@@ -99,7 +105,7 @@ def _format_args(fmt: BlockFormat) -> tuple:
     if isinstance(fmt, MX):
         e8m0 = decode_table("float8_e8m0fnu")
         if fmt.element == "int8":
-            none = np.zeros(1, np.uint8), 0, 0, np.zeros(1, np.float32)
+            none = np.zeros(1, np.uint8), np.uint32(0), np.uint32(0), np.zeros(1, np.float32)
             return True, EMAX_ELEM["int8"], *none, 0xFF, e8m0
         bits = SMALL_FLOATS[fmt.element].bits
         return False, EMAX_ELEM[fmt.element], *_small(fmt.element), (1 << bits) - 1, e8m0
@@ -111,15 +117,17 @@ def _format_args(fmt: BlockFormat) -> tuple:
     return fmt.symmetric, fmt.bits, lo, hi, decode_table("float16")
 
 
+_END = np.int64(2**62)  # past every position: the kernels' lists end with it
+
+
 def _sorted(pos: np.ndarray, masks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``pos`` ascending (already so when the block axis is last) and ``masks`` with it."""
+    """``pos`` ascending (already so when the block axis is last) and ``masks`` with it, each
+    ending in ``_END`` (and a zero mask)."""
     if pos.size > 1 and not bool((pos[1:] >= pos[:-1]).all()):
         order = np.argsort(pos, kind="stable")
         pos, masks = pos[order], masks[order]
-    return np.ascontiguousarray(pos, dtype=np.int64), np.ascontiguousarray(masks, dtype=np.int64)
-
-
-_NONE = np.zeros(0, np.int64)
+    return np.append(pos.astype(np.int64, copy=False), _END), \
+        np.append(masks.astype(np.int64, copy=False), np.int64(0))
 
 
 def _fault_arrays(fmt: BlockFormat, faults: BlockFaults) -> tuple:
@@ -127,7 +135,8 @@ def _fault_arrays(fmt: BlockFormat, faults: BlockFaults) -> tuple:
     block-form position (codes ``block * k + slot``, block planes the block number), so that
     the kernels walk them block by block; cost in proportion to the faults."""
     block_planes = [p.name for p in fmt.planes if p.per == "block"]
-    arrays = [_NONE] * 6
+    none = _sorted(np.zeros(0, np.int64), np.zeros(0, np.int64))
+    arrays = [*none, *none, *none]
     tmask = 0
     for name, (where, m) in faults.host.items():
         if name == "codes":
