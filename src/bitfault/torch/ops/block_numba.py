@@ -130,13 +130,15 @@ def _sorted(pos: np.ndarray, masks: np.ndarray) -> tuple[np.ndarray, np.ndarray]
         np.append(masks.astype(np.int64, copy=False), np.int64(0))
 
 
+_NO_FAULTS = _sorted(np.zeros(0, np.int64), np.zeros(0, np.int64))  # shared: only read
+
+
 def _fault_arrays(fmt: BlockFormat, faults: BlockFaults) -> tuple:
     """(cpos, cmask, b0pos, b0mask, b1pos, b1mask, tmask): every plane's faults, sorted by
     block-form position (codes ``block * k + slot``, block planes the block number), so that
     the kernels walk them block by block; cost in proportion to the faults."""
     block_planes = [p.name for p in fmt.planes if p.per == "block"]
-    none = _sorted(np.zeros(0, np.int64), np.zeros(0, np.int64))
-    arrays = [*none, *none, *none]
+    arrays = [*_NO_FAULTS, *_NO_FAULTS, *_NO_FAULTS]
     tmask = 0
     for name, (where, m) in faults.host.items():
         if name == "codes":
