@@ -68,6 +68,38 @@ def outcomes(records: list, clean: float, rates: tuple[float, ...]) -> dict[floa
     return out
 
 
+def plot(results: dict, out: Path) -> None:
+    """Accuracy vs rate for every protection scheme, one figure per model and format
+    (solid: independent bits, dashed: multi-bit upsets)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    for model, fmt in dict.fromkeys((k[0], k[1]) for k in results):
+        fig, ax = plt.subplots(figsize=(6.5, 4.2))
+        schemes = list(dict.fromkeys(k[2] for k in results if k[:2] == (model, fmt)))
+        for key, r in results.items():
+            if key[:2] != (model, fmt):
+                continue
+            rates = sorted(r["rates"], key=float)
+            ax.plot([float(p) for p in rates], [100 * r["rates"][p]["accuracy"] for p in rates],
+                    "-" if key[3] == "independent" else "--", marker="o", markersize=3,
+                    color=plt.cm.tab10(schemes.index(key[2])), label=f"{key[2]} ({key[3]})")
+        clean = results[next(k for k in results if k[:2] == (model, fmt))]["clean"]
+        ax.axhline(100 * clean, color="grey", linestyle=":", linewidth=1, label="no faults")
+        ax.set_xscale("log")
+        ax.set_xlabel("rate (raw bit error rate; multi-bit upsets: events per word)")
+        ax.set_ylabel("accuracy, mean over chips (%)")
+        ax.set_title(f"{model}, {fmt} weights in 64-bit words", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
+        fig.savefig(out / f"protection_{model}_{fmt}.png", dpi=110, bbox_inches="tight")
+        plt.close(fig)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="mlp")
@@ -124,6 +156,7 @@ def main() -> int:
     (out / "study_protection.md").write_text(text + "\n")
     (out / "study_protection.json").write_text(json.dumps(
         {"/".join(k): v for k, v in results.items()}, indent=1, default=str))
+    plot(results, out)
     return 0
 
 
