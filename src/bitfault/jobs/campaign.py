@@ -179,6 +179,17 @@ def store_differences(store: Path, evaluator: Any, memory: Memory, seed: int) ->
     return diffs
 
 
+def refuse_stale_stores(stale: dict[Any, list[str]], run_dir: Path,
+                        replace_stores: bool) -> None:
+    """ValueError naming every store that holds another campaign's trials (and what
+    differs), unless ``replace_stores``: nothing has been written yet."""
+    if stale and not replace_stores:
+        raise ValueError("; ".join(f"{store}: holds trials of another campaign (it differs "
+                                   f"in {', '.join(d)})" for store, d in stale.items())
+                         + "; rerun with --replace-store (replace_stores=True) to move it "
+                         f"into {run_dir / 'replaced'} and start over")
+
+
 def run_campaign(run_dir: str | os.PathLike[str] | None = None,
                  config: RunConfig | Any | None = None, *, framework: str | None = None,
                  reporter: Reporter = SILENT, replace_stores: bool = False,
@@ -221,11 +232,7 @@ def run_campaign(run_dir: str | os.PathLike[str] | None = None,
                                           config.campaign.seed)
                 if diffs:
                     stale[store] = diffs
-        if stale and not replace_stores:
-            raise ValueError("; ".join(f"{store}: holds trials of another campaign (it differs "
-                                       f"in {', '.join(d)})" for store, d in stale.items())
-                             + "; rerun with --replace-store (replace_stores=True) to move it "
-                             f"into {rd.path / 'replaced'} and start over")
+        refuse_stale_stores(stale, rd.path, replace_stores)
         # every check passed: from here on the run directory changes
         write_json(rd.config_path, config.to_dict())
         (rd.path / "campaign").mkdir(exist_ok=True)

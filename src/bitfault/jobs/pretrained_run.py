@@ -59,7 +59,7 @@ def _clean_values(plan: Plan) -> dict[str, Any]:
 def run_pretrained(config: RunConfig, *, reporter: Reporter = SILENT,
                    replace_stores: bool = False) -> dict[str, Any]:
     """Run (or resume) ``config``'s campaign on its pretrained model; returns summary.json."""
-    from bitfault.jobs.campaign import store_differences
+    from bitfault.jobs.campaign import refuse_stale_stores, store_differences
 
     rd = RunDir(config.output)
     _check_dir(rd, config)
@@ -70,11 +70,7 @@ def run_pretrained(config: RunConfig, *, reporter: Reporter = SILENT,
         diffs = store_differences(store, plan.evaluator, plan.memory, config.campaign.seed)
         if diffs:
             stale[store] = diffs
-    if stale and not replace_stores:
-        raise ValueError("; ".join(f"{s}: holds trials of another campaign (it differs in "
-                                   f"{', '.join(d)})" for s, d in stale.items())
-                         + "; rerun with --replace-store (replace_stores=True) to move it "
-                         f"into {rd.path / 'replaced'} and start over")
+    refuse_stale_stores(stale, rd.path, replace_stores)
     # every check passed: from here on the run directory changes
     rd.path.mkdir(parents=True, exist_ok=True)
     with lock_run_dir(rd.path, "campaign"):
