@@ -25,12 +25,25 @@ class TracedGraph:
 
     @classmethod
     def trace(cls, model: Any) -> TracedGraph | None:
-        """``model``'s fx graph, or None when it cannot be traced."""
+        """``model``'s fx graph, or None when it cannot be traced. When the plain trace
+        fails, convolution modules (``nn.Conv1d/2d/3d`` and their subclasses, e.g.
+        same-padding convolutions that compute their padding from the input's size) are
+        traced as leaves, called as the model calls them."""
         import torch.fx
+        from torch import nn
+
+        class ConvLeaves(torch.fx.Tracer):
+            def is_leaf_module(self, m: Any, qualname: str) -> bool:
+                return isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d)) or \
+                    super().is_leaf_module(m, qualname)
 
         try:
             return cls(torch.fx.symbolic_trace(model))
         except Exception:  # data-dependent control flow etc.: no reuse, still correct
+            pass
+        try:
+            return cls(torch.fx.GraphModule(model, ConvLeaves().trace(model)))
+        except Exception:
             return None
 
     def seeds(self, *names: str) -> list[Any]:

@@ -18,6 +18,7 @@ import numpy as np
 from bitfault.campaign.evaluator import predicted_labels, stores_elementwise
 from bitfault.maps import FaultMap
 from bitfault.memory import Memory
+from bitfault.torch.conv_calls import ConvCall, captured, conv_call
 from bitfault.torch.graph import TracedGraph, run_nodes
 
 
@@ -41,15 +42,10 @@ class SingleFaultPaths:
         if attr != "weight" or name in self._aliases or self.graph() is None:
             return False
         if isinstance(mod, nn.Linear):
-            pass
-        elif isinstance(mod, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
-            if mod.groups != 1 or mod.padding_mode != "zeros":
-                return False
-        else:
-            return False
-        seeds = self.graph().seeds(name)
-        return (len(seeds) == 1 and seeds[0].op == "call_module" and seeds[0].target == module
-                and len(seeds[0].args) == 1 and not seeds[0].kwargs)
+            seeds = self.graph().seeds(name)
+            return (len(seeds) == 1 and seeds[0].op == "call_module" and seeds[0].target == module
+                    and len(seeds[0].args) == 1 and not seeds[0].kwargs)
+        return conv_call(self.graph(), self.model, name) is not None
 
     def _predict_singles(self, name: str, faults: list[tuple[int, int, int]],
                          memory: Memory) -> dict[int, np.ndarray]:
@@ -85,13 +81,13 @@ class SingleFaultPaths:
 
         g = self.graph()
         shape = tuple(self._clean[name].shape)
-        node = g.seeds(name)[0]
-        module = self.model.get_submodule(node.target)
-        if isinstance(module, nn.Linear) and envs[0][node.args[0]].ndim != 2:
-            for k, e, m in faults:  # (batch, ..., features) inputs: no column shortcut
-                preds[k] = self._predict_layer(name, self._single_map(name, e, m), memory)
+        call = None if isinstance(self.model.get_submodule(self._owner[name][0]), nn.Linear) \
+            else conv_call(g, self.model, name)
+        node = g.seeds(name)[0] if call is None else call.node
+        if call is None and envs[0][node.args[0]].ndim != 2:
+            self._layer_each(name, faults, memory, preds)  # (batch, ..., features) inputs
             return
-        dirty = g.dependents([node])
+        dirty = g.dependents(g.seeds(name))
         if g.output not in dirty:
             return
         elems = np.array([e for _, e, _ in faults], np.int64)
@@ -108,34 +104,63 @@ class SingleFaultPaths:
         else:
             new_all = self.faulty(name, joint, memory).reshape(-1)[idx_all]
         params = self._with_aliases({k: v for k, v in stored_all.items() if k != name})
-        bias = stored_all.get(f"{node.target}.bias", module.bias)
-        out_numel = envs[0][node][0].numel()
-        per_fault = max(1, (self.max_bytes // 4) // max(1, out_numel // max(1, shape[0])
-                                                       * len(self.labels)))
-        if isinstance(module, nn.Linear):
-            per_fault = len(faults)
+        per_fault = len(faults)
+        if call is not None:  # bytes per fault: its output channel and its input group
+            per_out = envs[0][node][0].numel() // max(1, shape[0])
+            xin0 = envs[0][call.input if call.input is not None else node.args[0]]
+            per_in = xin0[0].numel() // max(1, xin0.shape[1]) * shape[1] \
+                if call.groups != 1 else 0
+            per_fault = max(1, (self.max_bytes // 4) // max(1, (per_out + per_in)
+                                                           * len(self.labels)))
         with torch.no_grad():
             for c in range(0, len(faults), per_fault):
                 idx = idx_all[c:c + per_fault]
                 new_w, old_w = new_all[c:c + per_fault], stored.reshape(-1)[idx]
                 offset = 0
                 for b, clean in zip(self._batches(), envs, strict=True):
-                    xin, out = clean[node.args[0]], clean[node]
-                    if isinstance(module, nn.Linear):
+                    if call is None:  # nn.Linear: a column of the output, rank-one
+                        xin, out = clean[node.args[0]], clean[node]
                         col = idx // shape[1]
-                        old = out[:, col]  # (N, F)
-                        new = old + xin[:, idx % shape[1]] * (new_w - old_w)
+                        new = out[:, col] + xin[:, idx % shape[1]] * (new_w - old_w)
                     else:
+                        got = self._conv_inputs(call, clean, stored_all, name)
+                        if got is None:  # not provably one convolution: the layer path
+                            self._layer_each(name, faults, memory, preds)
+                            return
+                        conv, xin, bias = got
                         per = int(np.prod(shape[1:]))
                         col = idx // per
                         kernels = stored.reshape(shape[0], -1)[col].clone()
                         kernels[torch.arange(len(idx)), idx % per] = new_w
                         kernels = kernels.reshape(len(idx), *shape[1:])
-                        new = module._conv_forward(xin, kernels,
-                                                   None if bias is None else bias[col])
-                    self._suffix(g, node, dirty, clean, new, col, c, params, len(xin), faults,
-                                 preds, offset)
+                        new = conv.channels(xin, kernels, None if bias is None else bias[col],
+                                            col, shape[0])
+                    self._suffix(g, node, dirty, clean, new, col, c, params, b.stop - b.start,
+                                 faults, preds, offset)
                     offset += b.stop - b.start
+
+    def _layer_each(self, name: str, faults: list[tuple[int, int, int]], memory: Memory,
+                    preds: dict[int, np.ndarray]) -> None:
+        for k, e, m in faults:
+            preds[k] = self._predict_layer(name, self._single_map(name, e, m), memory)
+
+    def _conv_inputs(self, call: ConvCall, clean: Mapping[Any, Any],
+                     stored_all: Mapping[str, Any], name: str) -> tuple[ConvCall, Any, Any] | None:
+        """(the call, its input, its bias) on this batch; None if the module's forward is
+        not provably that one convolution (``conv_calls.captured``)."""
+        if call.module is not None:
+            prefix = call.module + "."
+            own = {k[len(prefix):]: v for k, v in stored_all.items() if k.startswith(prefix)}
+            if "weight" not in own:
+                own["weight"] = stored_all[name]
+            return captured(call, self.model, clean[call.node.args[0]], clean[call.node], own)
+        bias = call.bias
+        if isinstance(bias, str):
+            mod = self.model.get_submodule(call.bias.rpartition(".")[0])
+            bias = stored_all.get(call.bias, mod.bias)
+        elif bias is not None:
+            bias = clean[bias]
+        return call, clean[call.input], bias
 
     def _rank_one_linear(self, node: Any, prev: Any, clean: Mapping[Any, Any]) -> Any:
         """The nn.Linear that ``node`` calls on ``prev`` alone, with (N, features) input; or

@@ -1,0 +1,234 @@
+"""The single-fault shortcut on grouped/depthwise convolutions and same-padding convs.
+
+What is compared: ``TorchEvaluator.predict`` (the shortcut) against a full rerun of the
+model with the one faulty weight (``inject_tensor`` + ``functional_call``), prediction
+for prediction, on a MobileNetV2-style inverted residual block (1x1 expand, 3x3
+depthwise, 1x1 project, residual), a grouped conv, and Conv2d subclasses that pad then
+call ``F.conv2d`` (static padding: traced through; padding from the input's size:
+untraceable by plain fx, traced as a leaf and proven per batch). Each test also checks
+that the shortcut was taken (no fallback to the layer path) or, for forwards it cannot
+prove, that it was refused.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+import bitfault as bf  # noqa: E402
+from bitfault.campaign import single_faults, trial_maps  # noqa: E402
+from bitfault.torch import TorchEvaluator, inject_tensor  # noqa: E402
+from bitfault.torch.conv_calls import conv_call  # noqa: E402
+
+FIXED = bf.Memory(bf.FixedPoint(32, 28, rounding="trunc"), bf.BitFlip())
+INT8 = bf.Memory(bf.IntQuant(8, per_channel=True), bf.BitFlip())
+
+
+class StaticSame(nn.Conv2d):
+    """EfficientNet-style same padding fixed at build time (fx traces through it)."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        k = self.kernel_size[0]
+        self.pad = nn.ZeroPad2d([(k - 1) // 2, k // 2, (k - 1) // 2, k // 2])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.conv2d(self.pad(x), self.weight, self.bias, self.stride, 0, self.dilation,
+                        self.groups)
+
+
+class DynamicSame(nn.Conv2d):
+    """TensorFlow 'SAME' padding computed from the input's size (timm's Conv2dSame)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ih, iw = x.shape[-2:]
+        kh, kw = self.weight.shape[-2:]
+        (sh, sw), (dh, dw) = self.stride, self.dilation
+        ph = max((math.ceil(ih / sh) - 1) * sh + (kh - 1) * dh + 1 - ih, 0)
+        pw = max((math.ceil(iw / sw) - 1) * sw + (kw - 1) * dw + 1 - iw, 0)
+        x = F.pad(x, [pw // 2, pw - pw // 2, ph // 2, ph - ph // 2])
+        return F.conv2d(x, self.weight, self.bias, self.stride, 0, self.dilation, self.groups)
+
+
+class Standardized(nn.Conv2d):
+    """Weight standardisation: the forward computes another weight (not provable)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight - self.weight.mean(dim=(1, 2, 3), keepdim=True)
+        return F.conv2d(x, w, self.bias, self.stride, self.padding, self.dilation, self.groups)
+
+
+class Scaled(nn.Conv2d):
+    """The convolution's output is changed afterwards (not provable either)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._conv_forward(x, self.weight, self.bias) * 2.0
+
+
+def bn(c: int) -> nn.BatchNorm2d:
+    b = nn.BatchNorm2d(c)
+    g = torch.Generator().manual_seed(c)
+    b.running_mean.copy_(torch.randn(c, generator=g) * 0.1)
+    b.running_var.copy_(torch.rand(c, generator=g) + 0.5)
+    return b
+
+
+class InvertedResidual(nn.Module):
+    def __init__(self, c: int, expand: int, conv: type = nn.Conv2d) -> None:
+        super().__init__()
+        h = c * expand
+        self.expand = nn.Conv2d(c, h, 1, bias=False)
+        self.bn1 = bn(h)
+        self.dw = conv(h, h, 3, padding=1 if conv is nn.Conv2d else 0, groups=h, bias=False)
+        self.bn2 = bn(h)
+        self.project = nn.Conv2d(h, c, 1, bias=False)
+        self.bn3 = bn(c)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.relu6(self.bn1(self.expand(x)))
+        y = F.relu6(self.bn2(self.dw(y)))
+        return x + self.bn3(self.project(y))
+
+
+class MobileNetLike(nn.Module):
+    def __init__(self, stem: type = nn.Conv2d, dw: type = nn.Conv2d) -> None:
+        super().__init__()
+        pad = {"padding": 1} if stem is nn.Conv2d else {}
+        self.stem = stem(1, 8, 3, stride=2, **pad)
+        self.bn0 = bn(8)
+        self.block = InvertedResidual(8, 4, dw)
+        self.grouped = nn.Conv2d(8, 16, 3, padding=1, groups=4)
+        self.fc = nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.block(F.relu6(self.bn0(self.stem(x))))
+        y = F.relu(self.grouped(y))
+        return self.fc(F.adaptive_avg_pool2d(y, 1).flatten(1))
+
+
+@pytest.fixture(scope="module")
+def data() -> tuple[np.ndarray, np.ndarray]:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(48, 1, 16, 16, generator=g)
+    return x.numpy(), np.arange(48) % 10
+
+
+def trained(model: nn.Module, data: tuple, steps: int = 40) -> nn.Module:
+    """A few full-batch Adam steps, so that predictions differ between examples."""
+    torch.manual_seed(0)
+    x, y = torch.from_numpy(data[0]), torch.from_numpy(data[1]).long()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    model.train()
+    for _ in range(steps):
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    return model.eval()
+
+
+def brute_force(ev: TorchEvaluator, memory: bf.Memory, name: str, element: int,
+                bit: int) -> np.ndarray:
+    """The full rerun: the one faulty weight (inject_tensor) and every stored weight."""
+    from torch.func import functional_call
+
+    params = dict(ev.stored(memory))
+    shape = ev.tensor_shapes()[name]
+    fmap = bf.FaultMap(shape, np.array([element]), np.array([1 << bit], np.uint32), name)
+    params[name] = inject_tensor(ev._clean[name], memory.format, memory.fault, fmap)
+    with torch.no_grad():
+        logits = functional_call(ev.model, params, (ev.x,)).double()
+    return torch.where(torch.isnan(logits), -torch.inf, logits).argmax(1).numpy()
+
+
+def check(model: nn.Module, data: tuple, memory: bf.Memory, names: list[str],
+          per_tensor: int = 40, shortcut: bool = True) -> None:
+    """Shortcut predictions == brute force for sampled faults in ``names``; the shortcut
+    is (or, with ``shortcut=False``, is not) what computed them."""
+    ev = TorchEvaluator(trained(model, data), *data)
+    shapes = ev.tensor_shapes()
+    rng = np.random.default_rng(3)
+    bits = memory.format.bits
+    faults = []
+    for n in names:
+        size = int(np.prod(shapes[n]))
+        high = rng.integers(bits - 6, bits, per_tensor // 2)  # the bits that matter
+        faults += [(n, int(e), int(b)) for e, b in zip(
+            rng.integers(0, size, per_tensor), np.concatenate(
+                [high, rng.integers(0, bits, per_tensor - len(high))]), strict=True)]
+    layer_calls = []
+    predict_layer = ev._predict_layer
+    ev._predict_layer = lambda *a: layer_calls.append(a[0]) or predict_layer(*a)
+    fast = ev.predict([trial_maps(t, memory, shapes) for t in single_faults(faults)], memory)
+    if shortcut:
+        assert all(ev._single_ok(n) for n in names)
+        assert not layer_calls, f"fell back to the layer path for {sorted(set(layer_calls))}"
+    else:
+        assert layer_calls or not all(ev._single_ok(n) for n in names)
+    golden = ev.golden(memory)
+    for n in names:
+        mine = [(f, p) for f, p in zip(faults, fast, strict=True) if f[0] == n]
+        wrong = [f for f, p in mine if not np.array_equal(p, brute_force(ev, memory, *f))]
+        assert not wrong, f"{len(wrong)} of {len(mine)} faults differ, e.g. {wrong[:3]}"
+        assert any(not np.array_equal(p, golden) for _, p in mine), n  # the test can fail
+
+
+def test_inverted_residual_depthwise_and_grouped(data) -> None:
+    names = ["block.expand.weight", "block.dw.weight", "block.project.weight",
+             "grouped.weight", "stem.weight"]
+    check(MobileNetLike(), data, FIXED, names)
+
+
+def test_inverted_residual_int8_per_channel(data) -> None:
+    check(MobileNetLike(), data, INT8, ["block.dw.weight", "grouped.weight"], per_tensor=30)
+
+
+def test_static_same_padding_subclass_traced_through(data) -> None:
+    model = MobileNetLike(stem=StaticSame, dw=StaticSame)
+    ev = TorchEvaluator(model, *data)
+    call = conv_call(ev.graph(), ev.model, "block.dw.weight")
+    assert call is not None and call.module is None and call.groups == 32  # from the graph
+    check(model, data, FIXED, ["stem.weight", "block.dw.weight"])
+
+
+def test_dynamic_same_padding_subclass_traced_as_a_leaf(data) -> None:
+    model = MobileNetLike(stem=DynamicSame, dw=DynamicSame)
+    with pytest.raises(torch.fx.proxy.TraceError):  # plain fx cannot: the conv leaves can
+        torch.fx.symbolic_trace(model)
+    ev = TorchEvaluator(model, *data)
+    assert ev.graph() is not None
+    call = conv_call(ev.graph(), ev.model, "block.dw.weight")
+    assert call is not None and call.module == "block.dw"  # proven per batch
+    check(model, data, FIXED, ["stem.weight", "block.dw.weight", "block.expand.weight"])
+
+
+def test_reflect_padding_mode_is_captured(data) -> None:
+    model = MobileNetLike()
+    model.grouped.padding_mode = "reflect"
+    check(model, data, FIXED, ["grouped.weight"])
+
+
+@pytest.mark.parametrize("conv", [Standardized, Scaled], ids=["standardized", "scaled"])
+def test_leaf_forwards_it_cannot_prove_fall_back_with_equal_results(data, conv) -> None:
+    model = MobileNetLike(stem=DynamicSame)  # untraceable by plain fx: convs are leaves
+    old = model.grouped
+    model.grouped = conv(8, 16, 3, padding=1, groups=4)
+    model.grouped.load_state_dict(old.state_dict())
+    check(model, data, FIXED, ["grouped.weight"], per_tensor=20, shortcut=False)
+
+
+def test_traced_through_forwards(data) -> None:
+    """Traced through, a scaled conv output is just one more graph node (shortcut); a
+    standardised weight is read twice (refused)."""
+    for conv, ok in ((Scaled, True), (Standardized, False)):
+        model = MobileNetLike()
+        old = model.grouped
+        model.grouped = conv(8, 16, 3, padding=1, groups=4)
+        model.grouped.load_state_dict(old.state_dict())
+        check(model, data, FIXED, ["grouped.weight"], per_tensor=20, shortcut=ok)
