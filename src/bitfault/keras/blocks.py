@@ -32,9 +32,10 @@ from bitfault.faults import FaultModel
 from bitfault.formats import BlockFormat, Float
 from bitfault.formats.gguf import GGUF
 from bitfault.formats.groupwise import EPS, GroupwiseInt
-from bitfault.formats.minifloat import SMALL_FLOATS, MiniFloat
+from bitfault.formats.minifloat import SMALL_FLOATS
 from bitfault.formats.mx import EMAX_ELEM, MX
 from bitfault.formats.nvfp4 import NVFP4
+from bitfault.keras.codecs import _decode_small, _encode_small
 from bitfault.keras.ops import _apply_fault, _float16_to_float32, _float16_words, _sign_extend
 
 BlockFaultFn = Callable[[tf.Tensor, Sequence[tf.Tensor]], tf.Tensor]
@@ -50,22 +51,23 @@ def _pow2(e: tf.Tensor) -> tf.Tensor:
     return tf.bitcast(tf.bitwise.left_shift(e + 127, 23), tf.float32)
 
 
-def _scale2(v: tf.Tensor, e: tf.Tensor) -> tf.Tensor:
-    """``v * 2**e`` in two power-of-two steps (int32 ``e`` in -252..254): exact wherever the
-    result is a normal float32 (each step is)."""
+def _factors(e: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """Two powers of two whose product is ``2**e`` (int32 ``e`` in -252..254; one pair for a
+    whole block): ``v * f1 * f2`` is exact wherever the result is a normal float32."""
     half = tf.math.floordiv(e, 2)
-    return v * _pow2(tf.clip_by_value(half, -126, 127)) * _pow2(
-        tf.clip_by_value(e - half, -126, 127))
+    return _pow2(tf.clip_by_value(half, -126, 127)), _pow2(tf.clip_by_value(e - half, -126, 127))
 
 
 def _times_pow2(v: tf.Tensor, e: tf.Tensor) -> tf.Tensor:
     """``v * 2**e`` rounded to float32 as IEEE arithmetic (subnormal results included), for
-    int32 ``e`` in -254..254 and ``v`` normal or zero: two exact power-of-two steps, and a
-    result below 2**-126 (flushed by TensorFlow) rebuilt from its integer multiple of
-    2**-149."""
-    r = _scale2(v, e)
+    int32 ``e`` in -254..254 (one per block: it broadcasts against v) and ``v`` normal or
+    zero: two exact power-of-two steps, and a result below 2**-126 (flushed by TensorFlow)
+    rebuilt from its integer multiple of 2**-149."""
+    f1, f2 = _factors(e)
+    r = v * f1 * f2
     tiny = tf.equal(r, 0.0) & tf.not_equal(v, 0.0) & tf.math.is_finite(v)
-    scaled = _scale2(tf.abs(v), e + 149)
+    g1, g2 = _factors(e + 149)
+    scaled = tf.abs(v) * g1 * g2
     units = tf.cast(tf.math.round(tf.minimum(scaled, 2.0**23)), tf.int32)
     sign = tf.bitwise.bitwise_and(tf.bitcast(v, tf.int32), tf.constant(-(1 << 31), tf.int32))
     return tf.where(tiny, tf.bitcast(tf.bitwise.bitwise_or(sign, units), tf.float32), r)
@@ -93,23 +95,6 @@ def _divide(a: tf.Tensor, c: float) -> tf.Tensor:
 
 
 # ---- small floats by the core's float32 tables ---------------------------------------------
-
-
-def _encode_small(y: tf.Tensor, codec: MiniFloat, overflow: str = "saturate") -> tf.Tensor:
-    """float32 -> codes (int32) under ``overflow``, the core's ``float32_tables`` lookup."""
-    table = tf.constant(codec.float32_tables(overflow)[0].astype(np.int32))
-    shift = 22 - codec.mantissa
-    bits = tf.bitcast(y, tf.int32)
-    high = tf.bitwise.bitwise_and(tf.bitwise.right_shift(bits, shift), (1 << (32 - shift)) - 1)
-    sticky = tf.cast(tf.not_equal(tf.bitwise.bitwise_and(bits, (1 << shift) - 1), 0), tf.int32)
-    return tf.gather(table, tf.bitwise.bitwise_or(high, tf.bitwise.left_shift(sticky,
-                                                                              32 - shift)))
-
-
-def _decode_small(codes: tf.Tensor, codec: MiniFloat) -> tf.Tensor:
-    table = tf.constant(codec.decode_table(np.float32).view(np.int32))
-    return tf.bitcast(tf.gather(table, tf.bitwise.bitwise_and(codes, (1 << codec.bits) - 1)),
-                      tf.float32)
 
 
 def small_float_fault(fmt: Float, fault: FaultModel) -> Callable[[tf.Tensor, tf.Tensor],
@@ -143,7 +128,7 @@ def _fp16_value(words: tf.Tensor) -> tf.Tensor:
     return _float16_to_float32(tf.cast(u - tf.where(u >= 0x8000, 0x10000, 0), tf.int16))
 
 
-# ---- the formats: encode (n, k) float32 blocks -> int32 words; decode back -------------------
+# ---- the formats: encode (n, k, c) float32 blocks (along axis 1) -> int32 words; back -----
 
 
 def _mx(fmt: MX) -> tuple[Callable[[tf.Tensor], Planes], Callable[[Planes], tf.Tensor]]:
@@ -152,9 +137,10 @@ def _mx(fmt: MX) -> tuple[Callable[[tf.Tensor], Planes], Callable[[Planes], tf.T
 
     def encode(b: tf.Tensor) -> Planes:
         mag = tf.bitwise.bitwise_and(tf.bitcast(b, tf.int32), 0x7FFFFFFF)
-        biased = tf.bitwise.right_shift(tf.reduce_max(mag, axis=-1), 23)
+        biased = tf.bitwise.right_shift(tf.reduce_max(mag, axis=1, keepdims=True), 23)
         e = tf.clip_by_value(tf.where(tf.equal(biased, 0), -127, biased - 127) - emax, -127, 127)
-        y = _scale2(b, -e[:, None])  # a subnormal y flushed to +-0 gets the same code, +-0
+        f1, f2 = _factors(-e)
+        y = b * f1 * f2  # a subnormal y flushed to +-0 gets the same code, +-0
         if codec is None:
             codes = tf.cast(tf.clip_by_value(tf.math.round(y * 64.0), -127.0, 127.0), tf.int32)
         else:
@@ -166,8 +152,8 @@ def _mx(fmt: MX) -> tuple[Callable[[tf.Tensor], Planes], Callable[[Planes], tf.T
             v = tf.cast(_sign_extend(p["codes"], 8), tf.float32) * 2.0**-6
         else:
             v = _decode_small(p["codes"], codec)
-        scale = p["scale"][:, None]
-        out = _times_pow2(v, tf.broadcast_to(scale, tf.shape(v)) - 127)
+        scale = p["scale"]
+        out = _times_pow2(v, scale - 127)
         return tf.where(tf.equal(scale, 255), np.float32(np.nan), out)
 
     return encode, decode
@@ -177,17 +163,17 @@ def _nvfp4(fmt: NVFP4) -> tuple[Callable[[tf.Tensor], Planes], Callable[[Planes]
     e2m1, e4m3 = SMALL_FLOATS["float4_e2m1fn"], SMALL_FLOATS["float8_e4m3fn"]
 
     def encode(b: tf.Tensor) -> Planes:
-        amax_block = tf.reduce_max(tf.abs(b), axis=-1)
+        amax_block = tf.reduce_max(tf.abs(b), axis=1, keepdims=True)
         t = _divide(tf.reduce_max(amax_block), 6.0 * 448.0)
         t = tf.where(tf.equal(t, 0.0), 1.0, t)
         scale = _encode_small(amax_block / (6.0 * t), e4m3)
         denominator = _decode_small(scale, e4m3) * t
         denominator = tf.where(tf.equal(denominator, 0.0), np.float32(np.inf), denominator)
-        codes = _encode_small(b / denominator[:, None], e2m1)
+        codes = _encode_small(b / denominator, e2m1)
         return {"codes": codes, "scale": scale, "tensor_scale": tf.bitcast(t, tf.int32)}
 
     def decode(p: Planes) -> tf.Tensor:
-        qs = _decode_small(p["codes"], e2m1) * _decode_small(p["scale"], e4m3)[:, None]
+        qs = _decode_small(p["codes"], e2m1) * _decode_small(p["scale"], e4m3)
         t = _to_float64(tf.bitcast(p["tensor_scale"], tf.float32))
         return _to_float32(_to_float64(qs) * t)
 
@@ -219,10 +205,8 @@ def _thresholds(c: float, top: int) -> np.ndarray:
 
 
 def _count_at_most(p: tf.Tensor, thresholds: np.ndarray) -> tf.Tensor:
-    """How many of the sorted ``thresholds`` are <= each value of p (int32)."""
-    flat = tf.reshape(p, [-1])
-    idx = tf.searchsorted(tf.constant(thresholds), flat, side="right", out_type=tf.int32)
-    return tf.reshape(idx, tf.shape(p))
+    """How many of the sorted ``thresholds`` are <= each value of p (int32; 0 for NaN)."""
+    return tf.add_n([tf.cast(p >= float(t), tf.int32) for t in thresholds])
 
 
 def _gguf(fmt: GGUF) -> tuple[Callable[[tf.Tensor], Planes], Callable[[Planes], tf.Tensor]]:
@@ -233,35 +217,38 @@ def _gguf(fmt: GGUF) -> tuple[Callable[[tf.Tensor], Planes], Callable[[Planes], 
 
     def encode(b: tf.Tensor) -> Planes:
         if kind == "q8_0":
-            d = _divide(tf.reduce_max(tf.abs(b), axis=-1), 127.0)
-            y = b * inverse(d)[:, None]
+            d = _divide(tf.reduce_max(tf.abs(b), axis=1, keepdims=True), 127.0)
+            y = b * inverse(d)
             t = tf.math.floor(tf.abs(y)) * tf.sign(y)  # trunc; y - t may fuse: compare instead
             q = t + tf.cast(y >= t + 0.5, tf.float32) - tf.cast(y <= t - 0.5, tf.float32)
             q = tf.where(tf.math.is_nan(y), 0.0, tf.clip_by_value(q, -127.0, 127.0))
             return {"codes": _low(tf.cast(q, tf.int32), 8), "scale": _fp16_bits(d)}
         if kind == "q4_0":
             a = tf.abs(b)
-            amax = tf.reduce_max(a, axis=-1, keepdims=True)
-            k = b.shape[-1]
-            first = tf.reduce_min(tf.where(tf.equal(a, amax), tf.range(k), k), axis=-1)
-            d = tf.gather(b, first[:, None], batch_dims=1)[:, 0] * -0.125
-            p = b * inverse(d)[:, None]
+            amax = tf.reduce_max(a, axis=1, keepdims=True)
+            k = b.shape[1]
+            idx = tf.range(k)[None, :, None]
+            first = tf.reduce_min(tf.where(tf.equal(a, amax), idx, k), axis=1, keepdims=True)
+            first = tf.minimum(first, k - 1)  # XLA's gather clamps an index past the end
+            words = tf.where(tf.equal(idx, first), tf.bitcast(b, tf.int32), 0)  # one nonzero
+            d = tf.bitcast(tf.reduce_sum(words, axis=1, keepdims=True), tf.float32) * -0.125
+            p = b * inverse(d)
             codes = tf.minimum(_count_at_most(p, _thresholds(8.5, 16)), 15)
             return {"codes": tf.where(tf.math.is_nan(p), 8, codes), "scale": _fp16_bits(d)}
-        mx, mn = tf.reduce_max(b, axis=-1), tf.reduce_min(b, axis=-1)
+        mx, mn = tf.reduce_max(b, axis=1, keepdims=True), tf.reduce_min(b, axis=1, keepdims=True)
         d = _divide(mx - mn, 15.0)
-        p = (b - mn[:, None]) * inverse(d)[:, None]
+        p = (b - mn) * inverse(d)
         codes = tf.minimum(_count_at_most(p, _thresholds(0.5, 15)), 15)
         return {"codes": tf.where(tf.math.is_nan(p), 0, codes), "scale": _fp16_bits(d),
                 "min": _fp16_bits(mn)}
 
     def decode(p: Planes) -> tf.Tensor:
-        d = _fp16_value(p["scale"])[:, None]
+        d = _fp16_value(p["scale"])
         if kind == "q8_0":
             return d * tf.cast(_sign_extend(p["codes"], 8), tf.float32)
         if kind == "q4_0":
             return d * tf.cast(p["codes"] - 8, tf.float32)
-        return d * tf.cast(p["codes"], tf.float32) + _fp16_value(p["min"])[:, None]
+        return d * tf.cast(p["codes"], tf.float32) + _fp16_value(p["min"])
 
     return encode, decode
 
@@ -272,19 +259,19 @@ def _groupwise(fmt: GroupwiseInt) -> tuple[Callable[[tf.Tensor], Planes],
     bits = fmt.bits
 
     def encode(b: tf.Tensor) -> Planes:
-        lo = tf.minimum(tf.reduce_min(b, axis=-1), 0.0)
-        hi = tf.maximum(tf.reduce_max(b, axis=-1), 0.0)
+        lo = tf.minimum(tf.reduce_min(b, axis=1, keepdims=True), 0.0)
+        hi = tf.maximum(tf.reduce_max(b, axis=1, keepdims=True), 0.0)
         if fmt.symmetric:
             s = _divide(tf.maximum(-lo, hi), float(hi_code))
         else:
             s = _divide(hi - lo, float(hi_code - lo_code))
         words = _fp16_bits(tf.maximum(s, float(EPS)))
         scale = _fp16_value(words)
-        q = tf.math.round(b * (1.0 / scale)[:, None])
+        q = tf.math.round(b * (1.0 / scale))
         out = {"scale": words}
         if not fmt.symmetric:
             zp = tf.clip_by_value(-tf.math.round(lo / scale), float(lo_code), float(hi_code))
-            q = q + zp[:, None]
+            q = q + zp
             out["zero_point"] = tf.cast(zp, tf.int32)
         q = tf.where(tf.math.is_nan(q), 0.0, tf.clip_by_value(q, float(lo_code), float(hi_code)))
         out["codes"] = _low(tf.cast(q, tf.int32), bits)
@@ -294,8 +281,8 @@ def _groupwise(fmt: GroupwiseInt) -> tuple[Callable[[tf.Tensor], Planes],
         if fmt.symmetric:
             q = _sign_extend(p["codes"], bits)
         else:
-            q = p["codes"] - p["zero_point"][:, None]
-        return tf.cast(q, tf.float32) * _fp16_value(p["scale"])[:, None]
+            q = p["codes"] - p["zero_point"]
+        return tf.cast(q, tf.float32) * _fp16_value(p["scale"])
 
     return encode, decode
 
@@ -311,22 +298,14 @@ def has_kernel(fmt: object) -> bool:
 # ---- tensors to blocks and back ----------------------------------------------------------
 
 
-def _moved(x: tf.Tensor, axis: int) -> tf.Tensor:
-    perm = [i for i in range(x.shape.rank) if i != axis] + [axis]
-    return tf.transpose(x, perm) if perm != list(range(x.shape.rank)) else x
-
-
-def _unmoved(y: tf.Tensor, axis: int) -> tf.Tensor:
-    rank = y.shape.rank
-    perm = [i for i in range(rank) if i != axis] + [axis]
-    if perm == list(range(rank)):
-        return y
-    return tf.transpose(y, list(np.argsort(perm)))
-
-
 def block_fault(fmt: BlockFormat, fault: FaultModel, axis: int) -> BlockFaultFn:
     """``(x, masks) -> faulty x`` for ``fmt`` with its blocks along ``axis`` of x; masks in
-    plane order, each already restricted to the fault model's eligible bits."""
+    plane order, each already restricted to the fault model's eligible bits.
+
+    No transposes: x is viewed as ``(before, length, after)`` (its axes before and after
+    ``axis`` flattened), padded along ``length`` to whole blocks and reshaped to
+    ``(before * blocks, k, after)``; a block plane in x's layout (``blocks`` at ``axis``)
+    is ``(before * blocks, 1, after)`` of the same memory."""
     if not has_kernel(fmt):
         raise TypeError(f"bitfault.keras has no TensorFlow kernel for {fmt!r}; it runs MX, "
                         "NVFP4, GGUF and GroupwiseInt (KerasEvaluator runs any block format)")
@@ -335,17 +314,17 @@ def block_fault(fmt: BlockFormat, fault: FaultModel, axis: int) -> BlockFaultFn:
     planes = fmt.planes
 
     def run(x: tf.Tensor, masks: Sequence[tf.Tensor]) -> tf.Tensor:
-        moved = _moved(x, axis)
-        shape = moved.shape
-        length = int(shape[-1])
+        shape = [int(d) for d in x.shape]
+        length = shape[axis]
+        before, after = int(np.prod(shape[:axis])), int(np.prod(shape[axis + 1:]))
         nb = max(1, -(-length // k)) if length else 0
         pad = nb * k - length
 
         def blocks(t: tf.Tensor) -> tf.Tensor:
-            t = _moved(t, axis)
+            t = tf.reshape(t, [before, length, after])
             if pad:
-                t = tf.pad(t, [[0, 0]] * (t.shape.rank - 1) + [[0, pad]])
-            return tf.reshape(t, [-1, k])
+                t = tf.pad(t, [[0, 0], [0, pad], [0, 0]])
+            return tf.reshape(t, [before * nb, k, after])
 
         words = encode(blocks(x))
         faulty = {}
@@ -354,10 +333,12 @@ def block_fault(fmt: BlockFormat, fault: FaultModel, axis: int) -> BlockFaultFn:
             if plane.per == "element":
                 m = blocks(m)
             elif plane.per == "block":
-                m = tf.reshape(_moved(m, axis), [-1])
+                m = tf.reshape(m, [before * nb, 1, after])
             faulty[plane.name] = _low(_apply_fault(w, m, fault), plane.format.bits)
-        values = tf.reshape(decode(faulty), [*shape[:-1], nb * k])[..., :length]
-        return _unmoved(values, axis)
+        values = tf.reshape(decode(faulty), [before, nb * k, after])
+        if pad:
+            values = values[:, :length, :]
+        return tf.reshape(values, shape)
 
     return run
 
