@@ -232,3 +232,32 @@ def test_traced_through_forwards(data) -> None:
         model.grouped = conv(8, 16, 3, padding=1, groups=4)
         model.grouped.load_state_dict(old.state_dict())
         check(model, data, FIXED, ["grouped.weight"], per_tensor=20, shortcut=ok)
+
+
+def test_channel_steps_equal_the_full_operations_bit_for_bit(data) -> None:
+    """From the expand conv, BN, ReLU6, the depthwise conv, BN, ReLU6 run on chosen
+    channels alone and give those channels of the clean run exactly; the project conv
+    (it mixes channels) ends the chain. From the project conv: BN, the residual add."""
+    from bitfault.torch.channel_ops import channel_step
+
+    ev = TorchEvaluator(trained(MobileNetLike(), data), *data)
+    env = ev._clean_env(FIXED)[0]
+    g = ev.graph()
+    params = ev._with_aliases(ev.stored(FIXED))
+    col = torch.tensor([0, 5, 5, 31, 17])
+    for start, chain, end in (("block.expand", ["block.bn1", "relu6_1", "block.dw",
+                                                "block.bn2", "relu6_2"], "block.project"),
+                              ("block.project", ["block.bn3", "add"], "grouped")):
+        node = next(n for n in g.nodes if n.name == start.replace(".", "_"))
+        dirty = g.dependents([node])
+        prev, vals = node, env[node].index_select(1, col % env[node].shape[1])
+        c = col % env[node].shape[1]
+        for want in chain:
+            nxt = next(n for n in g.nodes if n.name == want.replace(".", "_"))
+            step = channel_step(nxt, prev, ev.model, params, c, env, dirty)
+            assert step is not None, want
+            vals, prev = step(vals), nxt
+            assert torch.equal(vals, env[nxt].index_select(1, c)), want
+        nxt, = prev.users
+        assert nxt.name == end.replace(".", "_")
+        assert channel_step(nxt, prev, ev.model, params, c, env, dirty) is None, end

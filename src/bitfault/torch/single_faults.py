@@ -18,6 +18,7 @@ import numpy as np
 from bitfault.campaign.evaluator import predicted_labels, stores_elementwise
 from bitfault.maps import FaultMap
 from bitfault.memory import Memory
+from bitfault.torch.channel_ops import channel_step
 from bitfault.torch.conv_calls import ConvCall, captured, conv_call
 from bitfault.torch.graph import TracedGraph, run_nodes
 
@@ -180,22 +181,23 @@ class SingleFaultPaths:
         """Run the dirty nodes after ``node`` for faults ``first ...`` at once.
 
         ``vals[n, f]`` is channel ``col[f]`` (dim 1) of ``node``'s output for example ``n``
-        under fault ``f``; every other channel is clean. Per-channel operations (ReLU, max
-        pooling) run on these channels alone (``(N, F, ...)``, as if F were channels:
-        exact); an example whose channel is back to clean is clean from there on. The
-        first other operation gets whole rows, only for changed (example, fault) pairs,
-        stacked along the batch dimension in memory-sized chunks: the same calls as the
-        model's forward.
+        under fault ``f``; every other channel is clean. Per-channel operations
+        (``channel_ops``: activations, pooling, eval BatchNorm, depthwise convs, residual
+        adds) run on these channels alone (``(N, F, ...)``); an example whose channel is
+        back to clean is clean from there on. The first other operation gets whole rows,
+        only for changed (example, fault) pairs, stacked along the batch dimension in
+        memory-sized chunks: the same calls as the model's forward.
         """
         import torch
 
         after = [n for n in g.nodes[g.position[node] + 1:] if n in dirty]
         prev, k = node, 0
         changed = _changed(vals, clean[node].index_select(1, col))
-        while k < len(after) and _per_channel(after[k], prev, self.model):
-            tmp = {prev: vals}
-            run_nodes(self.model, [after[k]], tmp, params, None)
-            vals, prev = tmp[after[k]], after[k]
+        while k < len(after):
+            step = channel_step(after[k], prev, self.model, params, col, clean, dirty)
+            if step is None:
+                break
+            vals, prev = step(vals), after[k]
             changed &= _changed(vals, clean[prev].index_select(1, col))
             k += 1
         rows_n, rows_f = torch.nonzero(changed, as_tuple=True)
@@ -204,7 +206,8 @@ class SingleFaultPaths:
         row_bytes = max(1, clean[prev][0].numel() * clean[prev].element_size() * 4)
         step = max(1, self.max_bytes // row_bytes)
         rest = after[k:]
-        linear = self._rank_one_linear(rest[0], prev, clean) if rest else None
+        linear = self._rank_one_linear(rest[0], prev, clean) \
+            if rest and len(prev.users) == 1 else None
         for a in range(0, len(rows_n), step):
             rn, rf = rows_n[a:a + step], rows_f[a:a + step]
             if linear is not None:
@@ -236,28 +239,6 @@ class SingleFaultPaths:
 def _changed(v: Any, ref: Any) -> Any:
     """(N, F) mask: example n's channel f differs from clean (NaN counts as different)."""
     return (v != ref).reshape(v.shape[0], v.shape[1], -1).any(2)
-
-
-def _per_channel(node: Any, prev: Any, model: Any) -> bool:
-    """Whether ``node`` acts on each channel (dim 1) of ``prev`` alone: ReLU or max pooling
-    of it, with no other tensor input (then it can run on one channel, exactly)."""
-    import torch
-    import torch.nn.functional as F
-    from torch import nn
-
-    if node.all_input_nodes != [prev] or not node.args or node.args[0] is not prev:
-        return False
-    if node.op == "call_function":
-        fns = (torch.relu, F.relu, torch.max_pool1d, torch.max_pool2d, torch.max_pool3d,
-               F.max_pool1d, F.max_pool2d, F.max_pool3d)
-        return node.target in fns and not node.kwargs.get("return_indices", False)
-    if node.op == "call_method":
-        return node.target == "relu"
-    if node.op == "call_module":
-        mod = model.get_submodule(node.target)
-        return (isinstance(mod, (nn.ReLU, nn.Identity)) or (isinstance(
-            mod, (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d)) and not mod.return_indices))
-    return False
 
 
 __all__ = ["SingleFaultPaths"]
