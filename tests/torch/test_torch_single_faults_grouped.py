@@ -261,3 +261,22 @@ def test_channel_steps_equal_the_full_operations_bit_for_bit(data) -> None:
         nxt, = prev.users
         assert nxt.name == end.replace(".", "_")
         assert channel_step(nxt, prev, ev.model, params, c, env, dirty) is None, end
+
+
+class TwoUsers(nn.Module):
+    """A conv output read twice (ReLU and a later add): the chain must not skip it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 8, 3, padding=1, groups=1)
+        self.dw = nn.Conv2d(8, 8, 3, padding=1, groups=8)
+        self.fc = nn.Linear(8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.dw(self.conv(x))
+        z = F.relu(y) * 0.5 + y
+        return self.fc(F.adaptive_avg_pool2d(z, 1).flatten(1))
+
+
+def test_a_value_read_twice_is_not_skipped(data) -> None:
+    check(TwoUsers(), data, FIXED, ["conv.weight", "dw.weight"])
