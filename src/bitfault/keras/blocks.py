@@ -313,29 +313,52 @@ def block_fault(fmt: BlockFormat, fault: FaultModel, axis: int) -> BlockFaultFn:
     k = fmt.block_size
     planes = fmt.planes
 
+    # a partial last block: whole blocks and the padded tail go separately (padding the
+    # whole tensor costs XLA a copy); a tensor plane (NVFP4) needs them together
+    split = all(plane.per != "tensor" for plane in planes)
+
+    def faulted(words: Planes, masks: Sequence[tf.Tensor], cut: Callable[[tf.Tensor], tf.Tensor],
+              cut_block: Callable[[tf.Tensor], tf.Tensor]) -> Planes:
+        out = {}
+        for plane, mask in zip(planes, masks, strict=True):
+            m = tf.cast(mask, tf.int32)
+            m = cut(m) if plane.per == "element" else cut_block(m) if plane.per == "block" else m
+            out[plane.name] = _low(_apply_fault(words[plane.name], m, fault),
+                                   plane.format.bits)
+        return out
+
     def run(x: tf.Tensor, masks: Sequence[tf.Tensor]) -> tf.Tensor:
         shape = [int(d) for d in x.shape]
         length = shape[axis]
         before, after = int(np.prod(shape[:axis])), int(np.prod(shape[axis + 1:]))
         nb = max(1, -(-length // k)) if length else 0
         pad = nb * k - length
+        head = (nb - 1) * k if pad and split and nb > 1 else 0  # whole blocks cut off
 
-        def blocks(t: tf.Tensor) -> tf.Tensor:
-            t = tf.reshape(t, [before, length, after])
-            if pad:
-                t = tf.pad(t, [[0, 0], [0, pad], [0, 0]])
-            return tf.reshape(t, [before * nb, k, after])
+        def blocks(t: tf.Tensor, start: int = 0) -> tf.Tensor:
+            t = tf.reshape(t, [before, length, after])[:, start:]
+            n = -(-(length - start) // k)
+            if n * k > length - start:
+                t = tf.pad(t, [[0, 0], [0, n * k - length + start], [0, 0]])
+            return tf.reshape(t, [before * n, k, after])
 
-        words = encode(blocks(x))
-        faulty = {}
-        for plane, mask in zip(planes, masks, strict=True):
-            w, m = words[plane.name], tf.cast(mask, tf.int32)
-            if plane.per == "element":
-                m = blocks(m)
-            elif plane.per == "block":
-                m = tf.reshape(m, [before * nb, 1, after])
-            faulty[plane.name] = _low(_apply_fault(w, m, fault), plane.format.bits)
-        values = tf.reshape(decode(faulty), [before, nb * k, after])
+        def whole(t: tf.Tensor) -> tf.Tensor:
+            return tf.reshape(tf.reshape(t, [before, length, after])[:, :head],
+                              [before * (nb - 1), k, after])
+
+        def plane_part(lo: int, hi: int) -> Callable[[tf.Tensor], tf.Tensor]:
+            return lambda m: tf.reshape(tf.reshape(m, [before, nb, after])[:, lo:hi],
+                                        [before * (hi - lo), 1, after])
+
+        if not head:
+            values = decode(faulted(encode(blocks(x)), masks, blocks, plane_part(0, nb)))
+            values = tf.reshape(values, [before, nb * k, after])
+        else:
+            first = decode(faulted(encode(whole(x)), masks, whole, plane_part(0, nb - 1)))
+            tail = decode(faulted(encode(blocks(x, head)), masks, lambda m: blocks(m, head),
+                                plane_part(nb - 1, nb)))
+            values = tf.concat([tf.reshape(first, [before, head, after]),
+                                tf.reshape(tail, [before, k, after])], axis=1)
         if pad:
             values = values[:, :length, :]
         return tf.reshape(values, shape)
