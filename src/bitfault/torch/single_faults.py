@@ -22,6 +22,10 @@ from bitfault.torch.channel_ops import channel_step
 from bitfault.torch.conv_calls import ConvCall, captured, conv_call
 from bitfault.torch.graph import TracedGraph, run_nodes
 
+# Stacked rows per call, at most: larger stacks ran slower on the CPU (a MobileNetV2-style
+# net, 64x64 inputs: 256 MiB stacks 5.5x slower than 16 MiB ones; docs/campaigns.md).
+STACK_BYTES = 16 << 20
+
 
 class SingleFaultPaths:
     """The single-fault paths of ``TorchEvaluator`` (a mixin of it: they use its model,
@@ -204,7 +208,7 @@ class SingleFaultPaths:
         if not len(rows_n):
             return
         row_bytes = max(1, clean[prev][0].numel() * clean[prev].element_size() * 4)
-        step = max(1, self.max_bytes // row_bytes)
+        step = max(1, min(self.max_bytes, STACK_BYTES) // row_bytes)
         rest = after[k:]
         linear = self._rank_one_linear(rest[0], prev, clean) \
             if rest and len(prev.users) == 1 else None
