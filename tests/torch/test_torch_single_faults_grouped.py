@@ -148,10 +148,10 @@ def brute_force(ev: TorchEvaluator, memory: bf.Memory, name: str, element: int,
 
 
 def check(model: nn.Module, data: tuple, memory: bf.Memory, names: list[str],
-          per_tensor: int = 40, shortcut: bool = True) -> None:
+          per_tensor: int = 40, shortcut: bool = True, targets: object = "weights") -> None:
     """Shortcut predictions == brute force for sampled faults in ``names``; the shortcut
     is (or, with ``shortcut=False``, is not) what computed them."""
-    ev = TorchEvaluator(trained(model, data), *data)
+    ev = TorchEvaluator(trained(model, data), *data, targets=targets)
     shapes = ev.tensor_shapes()
     rng = np.random.default_rng(3)
     bits = memory.format.bits
@@ -280,3 +280,23 @@ class TwoUsers(nn.Module):
 
 def test_a_value_read_twice_is_not_skipped(data) -> None:
     check(TwoUsers(), data, FIXED, ["conv.weight", "dw.weight"])
+
+
+class PadConv(nn.Module):
+    """Not a Conv2d at all: its own weight, reflect padding, then F.conv2d (grouped)."""
+
+    def __init__(self, c_in: int, c_out: int, groups: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(c_out, c_in // groups, 3, 3) * 0.3)
+        self.groups = groups
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.conv2d(F.pad(x, [1, 1, 1, 1], mode="reflect"), self.weight, None, 1, 0, 1,
+                        self.groups)
+
+
+def test_any_module_whose_forward_ends_in_a_convolution(data) -> None:
+    model = MobileNetLike()
+    model.grouped = PadConv(8, 16, 4)
+    check(model, data, FIXED, ["grouped.weight", "block.dw.weight"],
+          targets=["grouped.weight", "block.dw.weight"])
