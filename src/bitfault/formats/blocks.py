@@ -131,17 +131,21 @@ def check_axis(axis: Any) -> int:
     return int(axis)
 
 
-def row_max(values: np.ndarray) -> np.ndarray:
-    """The largest entry of each row of a 2-D array without NaNs: halving passes of
-    ``np.maximum`` (NumPy reduces a short last axis far more slowly); the same values."""
+def row_reduce(values: np.ndarray, op: np.ufunc = np.maximum) -> np.ndarray:
+    """``op.reduce(values, axis=1)`` for 2-D ``values`` whose rows are blocks: a pairwise
+    tree of 1-D passes over adjacent elements (NumPy's reduction over a short last axis
+    pays per row; this pays per element). The pairing is fixed (adjacent elements, then
+    adjacent results), so which of two equal zeros survives is too; rows whose width is not
+    a power of two take ``op.reduce``."""
     m = np.asarray(values)
-    if m.shape[1] == 0:
-        return np.zeros(m.shape[0], m.dtype)
-    while m.shape[1] > 1:
-        half = m.shape[1] // 2
-        top = np.maximum(m[:, :half], m[:, half:2 * half])
-        m = np.concatenate([top, m[:, 2 * half:]], axis=1) if m.shape[1] % 2 else top
-    return m[:, 0]
+    n, k = m.shape
+    if k == 0 or k & (k - 1):
+        return op.reduce(m, axis=1) if k else np.zeros(n, m.dtype)
+    m = np.ascontiguousarray(m).reshape(-1)
+    while m.size > n:
+        pairs = m.reshape(-1, 2)
+        m = op(pairs[:, 0], pairs[:, 1])
+    return m
 
 
 @dataclass(frozen=True)
@@ -368,5 +372,5 @@ __all__ = [
     "check_axis",
     "check_block_size",
     "plane_map_name",
-    "row_max",
+    "row_reduce",
 ]

@@ -25,7 +25,7 @@ import numpy as np
 
 from bitfault.errors import ArgumentError, ArgumentTypeError, check_choice
 from bitfault.formats.base import QuantParams, check_float_input, low_bits_unsigned
-from bitfault.formats.blocks import BlockFormat, IntCodes, Plane, check_axis
+from bitfault.formats.blocks import BlockFormat, IntCodes, Plane, check_axis, row_reduce
 from bitfault.formats.floats import Float
 
 GGUFType = Literal["q8_0", "q4_0", "q4_1"]
@@ -62,20 +62,10 @@ def _roundf_int8(y: np.ndarray) -> np.ndarray:
     return q
 
 
-def _reduce(b: np.ndarray, op: np.ufunc) -> np.ndarray:
-    """``op.reduce(b, axis=1)`` for ``(n, 32)`` blocks, as a pairwise tree of 1-D passes
-    (numpy's reduction over a short last axis pays per row; this pays per element)."""
-    m = b.reshape(-1)
-    while m.size > b.shape[0]:
-        pairs = m.reshape(-1, 2)
-        m = op(pairs[:, 0], pairs[:, 1])
-    return m
-
-
 def _signed_absmax(b: np.ndarray) -> np.ndarray:
     """Per block, the value of largest magnitude, the first one where several share it (as
     llama.cpp's strict ``amax < fabsf(v)`` loop and numpy's ``argmax`` pick)."""
-    hi, lo = _reduce(b, np.maximum), _reduce(b, np.minimum)
+    hi, lo = row_reduce(b, np.maximum), row_reduce(b, np.minimum)
     out = np.where(hi > -lo, hi, lo)
     tie = np.flatnonzero(hi == -lo)  # both signs reach the magnitude (or all zeros)
     if tie.size:
@@ -125,7 +115,7 @@ class GGUF(BlockFormat, kind="gguf"):
     def _quantize(self, b: np.ndarray) -> dict[str, np.ndarray]:
         """float32 ``(n, 32)`` blocks -> codes (int8 / uint8 nibbles) and int16 fp16 words."""
         if self.type == "q8_0":
-            d = _reduce(np.abs(b), np.maximum) / np.float32(127)
+            d = row_reduce(np.abs(b), np.maximum) / np.float32(127)
             inv = _inverse(d)
             y = b * inv[:, None]
             if np.isinf(inv).any():
@@ -137,7 +127,7 @@ class GGUF(BlockFormat, kind="gguf"):
             y = b * inv[:, None] + np.float32(8.5)
             mn = None
         else:
-            mx, mn = _reduce(b, np.maximum), _reduce(b, np.minimum)
+            mx, mn = row_reduce(b, np.maximum), row_reduce(b, np.minimum)
             d = (mx - mn) / np.float32(15)
             inv = _inverse(d)
             y = (b - mn[:, None]) * inv[:, None] + np.float32(0.5)

@@ -30,7 +30,7 @@ from bitfault.formats.blocks import (
     Plane,
     check_axis,
     check_block_size,
-    row_max,
+    row_reduce,
 )
 from bitfault.formats.floats import Float
 from bitfault.formats.minifloat import SMALL_FLOATS
@@ -104,7 +104,7 @@ def shared_exponents(blocks: np.ndarray, emax_elem: int) -> np.ndarray:
     exponent field (a zero or subnormal ``amax`` reads as exponent -127: the clamp)."""
     bits = np.ascontiguousarray(blocks, dtype=np.float32).view(np.uint32)
     magnitude = bits << np.uint32(1)  # drop the sign; the order of magnitudes is kept
-    biased = (row_max(magnitude) >> np.uint32(24)).astype(np.int64)
+    biased = (row_reduce(magnitude) >> np.uint32(24)).astype(np.int64)
     return np.clip(biased - 127 - emax_elem, SCALE_EMIN, SCALE_EMAX)
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bitfault.formats.blocks import BlockFormat, Plane, check_axis, row_max
+from bitfault.formats.blocks import BlockFormat, Plane, check_axis, row_reduce
 from bitfault.formats.floats import Float
 from bitfault.formats.mx import round_to_element
 
@@ -57,7 +57,7 @@ class NVFP4(BlockFormat, kind="nvfp4"):
     def encode_blocks(self, blocks: np.ndarray) -> dict[str, np.ndarray]:
         """The tensor scale, the block scales, then the elements (float32 throughout)."""
         blocks = np.asarray(blocks, dtype=np.float32)
-        amax_block = row_max(np.abs(blocks))
+        amax_block = row_reduce(np.abs(blocks))
         t = tensor_scale(float(amax_block.max()) if amax_block.size else 0.0)
         with np.errstate(under="ignore"):
             scale_codes = E4M3.encode(amax_block / (np.float32(6.0) * t))
