@@ -86,12 +86,18 @@ class OutputMetric:
     (the same without labels), "cosine" (cosine similarity of (N, D) embeddings with the
     clean ones), "language_model" (perplexity, next-token accuracy, next-token agreement and
     KL with the clean model; (N, T, vocab) logits and (N, T) next-token labels, -100 where
-    no token is scored)."""
+    no token is scored), "similarity" (a downstream score of (N, dim) embeddings: the
+    subclass ``bitfault.campaign.similarity.SimilarityMetric``, which holds the pairs)."""
 
     kind: str = "accuracy"
 
     def __post_init__(self) -> None:
         check_choice(self.kind, METRIC_KINDS, "metric")
+        if self.kind == "similarity" and getattr(self, "pairs", None) is None:
+            raise ArgumentError("metric", "similarity", "a SimilarityMetric with the pairs",
+                                requirement="metric 'similarity' needs the pairs and their "
+                                            "human scores: bitfault.campaign.similarity."
+                                            "SimilarityMetric.of(bitfault.text.text_pairs(...))")
 
     @property
     def __name__(self) -> str:  # call_metric names the metric in its errors
@@ -171,12 +177,13 @@ class OutputMetric:
         return {**self.values(faulty), **outcome(faulty)}
 
 
-METRIC_KINDS = ("accuracy", "agreement", "cosine", "language_model")
+METRIC_KINDS = ("accuracy", "agreement", "cosine", "language_model", "similarity")
 
 
 def make_records(metric: OutputMetric, faulty: np.ndarray, clean: np.ndarray,
                  labels: np.ndarray | None) -> np.ndarray:
-    """One batch's per-example records: ``metric.record`` fields, ``identical``, ``finite``."""
+    """One batch's per-example records: ``metric.record`` fields (a field may hold a
+    vector per example, as similarity's embeddings), ``identical``, ``finite``."""
     faulty, clean = np.asarray(faulty), np.asarray(clean)
     n = len(faulty)
     same = (faulty.shape == clean.shape and faulty.dtype == clean.dtype)
@@ -185,7 +192,8 @@ def make_records(metric: OutputMetric, faulty: np.ndarray, clean: np.ndarray,
         else np.zeros(n, bool)
     finite = np.isfinite(faulty.reshape(n, -1)).all(1)
     values = metric.record(faulty, clean, labels)
-    dtype = [(f, np.float64) for f in metric.fields()] + [("identical", bool), ("finite", bool)]
+    dtype = [(f, np.float64, np.shape(values[f])[1:]) for f in metric.fields()] + [
+        ("identical", bool), ("finite", bool)]
     out = np.zeros(n, dtype)
     for f in metric.fields():
         out[f] = values[f]
