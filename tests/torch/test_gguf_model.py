@@ -119,3 +119,25 @@ def test_bad_maps_change_nothing(files) -> None:
     with pytest.raises(ArgumentError, match="is for shape"):
         gm.inject_({"blk.0.attn_q.weight": good, "blk.0.attn_k.weight": good})
     assert all(torch.equal(v, clean[k]) for k, v in _bits(gm.model.state_dict()).items())
+
+
+@pytest.mark.parametrize("kind", ["untied", "tied"])
+def test_writing_only_the_faulty_blocks_equals_writing_whole_tensors(files, kind) -> None:
+    fast, whole = load_gguf_model(files[kind]), load_gguf_model(files[kind])
+    whole.patch = False
+    clean = _bits(fast.model.state_dict())
+    # llama's q rows move on load: an index map, not the identity; the norms stay put
+    assert fast.places("blk.0.attn_q.weight").places["model.layers.0.self_attn.q_proj.weight"] \
+        is not None
+    assert all(v is None for v in fast.places("blk.0.ffn_down.weight").places.values())
+    chips = [({"ber": 3e-3}, None), ({"ber": {"scale": 1e-2}}, None),
+             ({"ber": 1e-3}, bf.StuckAt(1)), ({"ber": {"min": 5e-2, "codes": 1e-3}}, None)]
+    for seed, (rate, fault) in enumerate(chips):
+        maps = fast.memory.random_maps(seed=seed, fault=fault, **rate)
+        assert fast.inject_(maps, fault) == whole.inject_(maps, fault)
+        got, expect = _bits(fast.model.state_dict()), _bits(whole.model.state_dict())
+        assert all(torch.equal(got[k], expect[k]) for k in got)
+        assert any(not torch.equal(got[k], clean[k]) for k in got)
+        assert fast.faulted == whole.faulted
+    fast.restore_()
+    assert all(torch.equal(v, clean[k]) for k, v in _bits(fast.model.state_dict()).items())

@@ -27,9 +27,10 @@ import numpy as np
 import torch
 
 from bitfault.errors import ArgumentError
-from bitfault.faults import FaultModel
+from bitfault.faults import BitFlip, FaultModel, as_fault_model
 from bitfault.gguf_memory import GGUFMemory
 from bitfault.maps import FaultMap
+from bitfault.torch.gguf_patch import ElementPlaces, Written, faulty_elements
 
 MERGING = ("qwen2moe", "qwen3moe", "gpt_oss", "gpt-oss", "minimax-m2")
 
@@ -45,12 +46,20 @@ class GGUFModel:
     processor: Any
     unmapped: list[str] = field(default_factory=list)
     faulted: set[str] = field(default_factory=set)
+    patch: bool = True
+    _tensors: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
+    _places: dict[str, ElementPlaces | None] = field(default_factory=dict, repr=False)
+    _written: dict[str, list[Written]] = field(default_factory=dict, repr=False)
 
     def values(self, name: str, planes: Mapping[str, np.ndarray] | None = None
                ) -> dict[str, np.ndarray]:
         """The parameter values (by parameter name) tensor ``name``'s ``planes`` give
         (default: its clean planes), after transformers' own processing."""
-        weights = self.memory.dequantize(name, planes)
+        return self._processed(name, self.memory.dequantize(name, planes))
+
+    def _processed(self, name: str, weights: np.ndarray) -> dict[str, np.ndarray]:
+        """GGUF tensor ``name``'s values ``weights`` as transformers' processor turns them
+        into parameter values, by parameter name."""
         parsed: dict[str, Any] = {"tensors": {}}
         result = self.processor.process(weights=weights, name=name,
                                         tensor_key_mapping=self.targets,
@@ -61,15 +70,25 @@ class GGUFModel:
             out[self.targets[result.name]] = result.weights
         return out
 
+    def places(self, name: str) -> ElementPlaces | None:
+        """Where each element of GGUF tensor ``name`` lands in its parameter(s) (found
+        once by running the processor on element indices); None: the processor computes
+        on the values, so the tensor is written whole."""
+        if name not in self._places:
+            shape = self.memory.tensor(name).shape
+            self._places[name] = ElementPlaces.of(lambda w: self._processed(name, w), shape)
+        return self._places[name]
+
     def parameter(self, hf_name: str) -> torch.Tensor:
         """The model's tensor (parameter or buffer) called ``hf_name``."""
-        found = dict(self.model.named_parameters(remove_duplicate=False))
-        found.update(dict(self.model.named_buffers(remove_duplicate=False)))
-        if hf_name not in found:
+        if not self._tensors:
+            self._tensors = dict(self.model.named_parameters(remove_duplicate=False))
+            self._tensors.update(dict(self.model.named_buffers(remove_duplicate=False)))
+        if hf_name not in self._tensors:
             raise ArgumentError("name", hf_name, "a parameter of the model",
                                 requirement=f"the model has no parameter {hf_name!r} for a "
                                             "GGUF tensor")
-        return found[hf_name]
+        return self._tensors[hf_name]
 
     @torch.no_grad()
     def _write(self, values: Mapping[str, np.ndarray]) -> None:
@@ -88,29 +107,65 @@ class GGUFModel:
         """Write the faulty values of ``maps``' tensors (maps by GGUF name; a plane's map
         may come as ``"<name>:scale"``) into the model, in place; tensors faulted by an
         earlier call and not in ``maps`` get their clean values back first. Returns, per
-        tensor, its faults and changed words. Every map is checked before any write."""
+        tensor, its faults and changed words. Every map is checked before any write.
+
+        With ``patch`` (the default), only the blocks the faults touch are decoded and
+        only their elements written (the clean values there kept to put back), at a cost
+        in proportion to the faults; a tensor whose processor computes on its values is
+        dequantised and written whole. Both give the same bits."""
         grouped = self.memory.group_maps(maps)
         unknown = [n for n in grouped if n not in self.targets]
         if unknown:
             raise ArgumentError("maps", unknown, "GGUF tensors the model computes with",
                                 requirement=f"maps name GGUF tensor(s) {unknown} that "
                                             "transformers maps to no parameter of the model")
+        fault = as_fault_model(BitFlip() if fault is None else fault)
         staged, stats = {}, {}
         for name, fmap in grouped.items():
+            found = faulty_elements(self.memory.tensor(name), fmap, fault) \
+                if self.patch and self.places(name) is not None else None
+            if found is not None:
+                elements, values, faults, changes = found
+                stats[name] = {"faults": faults, "changed_values": changes}
+                if changes:
+                    staged[name] = (elements, values)
+                continue
             planes, st = self.memory.faulty_planes(name, fmap, fault)
             stats[name] = {"faults": st.faults, "changed_values": st.changed_values}
             if st.changed_bits:
                 staged[name] = planes
-        self.restore_(keep=set(staged))
-        for name, planes in staged.items():
-            self._write(self.values(name, planes))
+        self.restore_()
+        for name, part in staged.items():
+            if isinstance(part, tuple):
+                self._write_elements(name, *part)
+            else:
+                self._write(self.values(name, part))
         self.faulted = set(staged)
         return stats
 
+    @torch.no_grad()
+    def _write_elements(self, name: str, elements: np.ndarray, values: np.ndarray) -> None:
+        """Faulty ``values`` of GGUF elements ``elements`` into their places, keeping the
+        clean values there to put back."""
+        places = self.places(name)
+        written = []
+        for hf_name in places.places:
+            p = self.parameter(hf_name)
+            flat = p.view(-1)
+            at = torch.from_numpy(places.positions(hf_name, elements)).to(p.device)
+            written.append(Written(p, at, flat[at].clone()))
+            flat[at] = torch.from_numpy(values).to(device=p.device, dtype=p.dtype)
+        self._written[name] = written
+
+    @torch.no_grad()
     def restore_(self, keep: set[str] | None = None) -> None:
         """The clean values back in every faulted tensor (except those in ``keep``)."""
         for name in sorted(self.faulted - (keep or set())):
-            self._write(self.values(name))
+            if name in self._written:
+                for w in reversed(self._written.pop(name)):
+                    w.parameter.view(-1)[w.positions] = w.clean
+            else:
+                self._write(self.values(name))
         self.faulted &= keep or set()
 
 
