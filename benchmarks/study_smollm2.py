@@ -7,8 +7,8 @@ the stored planes and dequantised into it (``GGUFModel.inject_``):
 - ``planes``: perplexity and next-token agreement with the clean model vs bit error rate,
   faults in the Q4_1/Q8_0 codes only, the fp16 scales only, the fp16 minimums only, or in
   every stored bit (``all``: F32 norms too); ``--chips`` chips (seeds) per rate;
-- ``kinds``: the same at each of ``--kind-rates`` in the codes only and in every plane,
-  faults only in one kind of tensor:
+- ``kinds``: the same for each ``--kinds-at`` (``plane:rate``: the codes only or every
+  plane), faults only in one kind of tensor:
   attention q, k, v, output, the MLP (gate, up, down), the token embedding (tied to the
   LM head), the F32 norms;
 - ``singles``: a sampled single-bit-fault campaign: ``--singles`` faults, each one stored
@@ -18,7 +18,7 @@ the stored planes and dequantised into it (``GGUFModel.inject_``):
   changed. Each row is appended to ``--jsonl`` as it is measured (a new file).
 
     python benchmarks/study_smollm2.py --parts planes kinds singles --chips 10 \\
-        --tokens 2048 --jsonl smollm2.jsonl
+        --tokens 2048 --kinds-at codes:1e-5 all:1e-6 --singles 300 --jsonl smollm2.jsonl
 """
 
 from __future__ import annotations
@@ -142,9 +142,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rates", type=float, nargs="+", default=[1e-6, 1e-5, 1e-4])
     parser.add_argument("--planes", nargs="+", default=list(PLANE_RATES),
                         choices=tuple(PLANE_RATES))
-    parser.add_argument("--kind-rates", type=float, nargs="+", default=[1e-6, 1e-5])
-    parser.add_argument("--kind-planes", nargs="+", default=["codes", "all"],
-                        choices=("codes", "all"))
+    parser.add_argument("--kinds-at", nargs="+", default=["codes:1e-5", "all:1e-6"],
+                        help="plane:rate pairs, plane codes or all")
     parser.add_argument("--singles", type=int, default=200)
     parser.add_argument("--single-tokens", type=int, default=512)
     parser.add_argument("--tokens", type=int, default=2048)
@@ -188,16 +187,16 @@ def main(argv: list[str] | None = None) -> None:
                 row = chip_row(gm, windows, clean, PLANE_RATES[plane](rate), names, args.chips)
                 write({"part": "planes", "plane": plane, "ber": rate, **row})
     if "kinds" in args.parts:
-        for plane in args.kind_planes:
-            for rate in args.kind_rates:
-                for kind in KINDS:
-                    names = [n for n in weights if kind_of(n) == kind]
-                    if plane == "codes" and kind == "norms":
-                        continue  # F32 words have no codes plane of their own
-                    row = chip_row(gm, windows, clean, PLANE_RATES[plane](rate), names,
-                                   args.chips)
-                    write({"part": "kinds", "kind": kind, "plane": plane, "ber": rate,
-                           "tensors": len(names), **row})
+        for at in args.kinds_at:
+            plane, rate = at.split(":")[0], float(at.split(":")[1])
+            for kind in KINDS:
+                names = [n for n in weights if kind_of(n) == kind]
+                if plane == "codes" and kind == "norms":
+                    continue  # F32 words have no codes plane of their own
+                row = chip_row(gm, windows, clean, PLANE_RATES[plane](rate), names,
+                               args.chips)
+                write({"part": "kinds", "kind": kind, "plane": plane, "ber": rate,
+                       "tensors": len(names), **row})
     if "singles" in args.parts:
         few = token_windows(text, tok, args.context,
                             n_windows=max(1, args.single_tokens // args.context))
