@@ -105,9 +105,12 @@ def test_a_spec_with_storage_round_trips_and_bad_storage_is_refused():
     assert fmap == spec.map_for("fc.weight", (4, 64))
     with pytest.raises(ArgumentError, match="word_bits"):
         bf.Memory(bf.Float("float6_e2m3fn"), bf.BitFlip(), storage={"word_bits": 64})
-    with pytest.raises(ArgumentError, match="policy"):
-        bf.Memory(bf.IntQuant(8), bf.BitFlip(),
-                  storage={"protection": {"kind": "secded", "policy": "zero"}})
+    zero = bf.Memory(bf.IntQuant(8), bf.BitFlip(),
+                     storage={"protection": {"kind": "secded", "policy": "zero"}})
+    assert zero.data_dependent and not spec.memory.data_dependent
+    with pytest.raises(ArgumentError, match="data-dependent") as info:
+        zero.random_map((4, 4), ber=1e-2, seed=0, name="w")  # no stored values given
+    assert info.value.argument == "storage"
     with pytest.raises(ArgumentError, match="fault"):
         bf.Memory(bf.IntQuant(8), bf.StuckAt(1), storage={})
     with pytest.raises(ArgumentError, match="protection"):

@@ -85,11 +85,21 @@ class Memory:
             storage.check_for(self.format)
             object.__setattr__(self, "storage", storage)
 
+    @property
+    def data_dependent(self) -> bool:
+        """Whether its faults depend on the stored data (a ``storage`` with policy "zero"
+        or asymmetric cells): maps are drawn with the tensor's clean values or words."""
+        return self.storage is not None and self.storage.data_dependent
+
     def random_map(self, shape: tuple[int, ...], *, ber: Any = None, count: int | None = None,
-                   seed: int = 0, name: str = "", bits: Any = None,
-                   step: int | None = None) -> FaultMap:
+                   seed: int = 0, name: str = "", bits: Any = None, step: int | None = None,
+                   values: Any = None, words: Any = None) -> FaultMap:
         """The random map of a tensor of ``shape`` stored in this memory: ``FaultMap.random``
-        in the format, or with ``storage`` the pattern's physical faults, decoded."""
+        in the format, or with ``storage`` the pattern's physical faults, decoded.
+
+        ``values`` (the clean tensor) or ``words`` (its ``stored_faults.StoredWords``):
+        what a ``data_dependent`` memory draws with; its map is then the XOR map for them
+        (ArgumentError without). Other memories ignore them."""
         if self.storage is None:
             return FaultMap.random(shape, self.format, ber=ber, count=count, seed=seed,
                                    name=name, bits=bits, step=step, fault=self.fault)
@@ -97,8 +107,13 @@ class Memory:
             raise ArgumentError("count", count, "None for a stored memory (give ber=)",
                                 requirement="count= cannot place a stored memory's faults: "
                                             "its pattern draws at a rate (give ber=)")
+        stored = None
+        if self.storage.data_dependent:
+            from bitfault.stored_faults import as_stored_words
+
+            stored = as_stored_words(words, values, tuple(shape), self.format)
         return self.storage.random_map(tuple(shape), self.format, ber=ber, seed=seed,
-                                       name=name, bits=bits, step=step)
+                                       name=name, bits=bits, step=step, words=stored)
 
     def _checked_plane_rates(self) -> dict[str, float]:
         planes = tuple(plane_formats(self.format))

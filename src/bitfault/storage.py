@@ -5,10 +5,14 @@ the spec's rate, today's maps). With a ``Storage``, each plane's words pack into
 words (``WordLayout``), every memory word carries the check bits of its protection
 scheme (per plane if given as a mapping), the fault pattern is drawn over the physical
 bits (data and check) at the spec's or the trial's rate, and the real decoder turns it
-into the element-level flip map the rest of bitfault applies (``protected``). Decoding
-under policy "flag" depends only on the error pattern, so the map holds for any data a
-plane stores (a weight that trains keeps it); each plane map's ``meta["outcomes"]``
-counts raw bit errors and the words corrected, detected (DUE) and silently corrupted.
+into the element-level flip map the rest of bitfault applies (``protected``,
+``stored_faults``). ``protected_bits`` protects chosen bit positions of a plane only: they
+sit in their own protected words, the other bits in unprotected ones (``selective``).
+Decoding under policy "flag" depends only on the error pattern, so the map holds for any
+data a plane stores (a weight that trains keeps it); policy "zero" and asymmetric cells
+depend on the stored data (``data_dependent``): their maps are drawn with the clean
+stored words (``random_map(words=)``). Each plane map's ``meta["outcomes"]`` counts raw
+bit errors and the words corrected, detected (DUE) and silently corrupted.
 """
 
 from __future__ import annotations
@@ -23,10 +27,12 @@ from bitfault.formats.blocks import CODES
 from bitfault.layout import WordLayout
 from bitfault.maps import FaultMap
 from bitfault.maps.patterns import IndependentBits, pattern_from_dict
-from bitfault.protected import RATE_FIELDS, draw_decoded_map, pattern_at
+from bitfault.protected import RATE_FIELDS
 from bitfault.protection import NoProtection, Protection, protection_from_dict
+from bitfault.selective import Part, check_protected_bits, split_overhead, split_parts
+from bitfault.stored_faults import StoredWords, depends_on_data, plane_map, rated
 
-_KEYS = ("word_bits", "row_words", "protection", "pattern")
+_KEYS = ("word_bits", "row_words", "protection", "pattern", "protected_bits")
 
 
 def _scheme(value: Any, argument: str) -> Protection:
@@ -43,7 +49,7 @@ def _pattern(value: Any) -> Any:
         kind = value.get("kind")
         rate = RATE_FIELDS.get(kind)
         value = pattern_from_dict({rate: 0.0, **value} if rate else value)
-    pattern_at(value, 0.0)  # a kind whose rate the spec sets
+    rated(value, 0.0)  # a kind whose rate the spec sets
     return value
 
 
@@ -51,11 +57,14 @@ def _pattern(value: Any) -> Any:
 class Storage:
     """Planes packed into ``layout`` words, protected by ``protection`` (one scheme, or
     ``{plane: scheme}`` with the planes left out unprotected), faulted by ``pattern``
-    (its rate comes from the spec or the trial)."""
+    (its rate comes from the spec or the trial). ``protected_bits``: protect only these
+    bit positions (a sequence: of the codes plane; ``{plane: positions}``), stored apart
+    in protected words, the plane's other bits in unprotected words (``selective``)."""
 
     layout: WordLayout = field(default_factory=WordLayout)
     protection: Protection | Mapping[str, Protection] = field(default_factory=NoProtection)
     pattern: Any = field(default_factory=lambda: IndependentBits(0.0))
+    protected_bits: Any = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.layout, WordLayout):
@@ -67,6 +76,24 @@ class Storage:
         else:
             object.__setattr__(self, "protection", _scheme(self.protection, "protection"))
         object.__setattr__(self, "pattern", _pattern(self.pattern))
+        object.__setattr__(self, "protected_bits", check_protected_bits(self.protected_bits))
+
+    @property
+    def data_dependent(self) -> bool:
+        """Whether decoded faults depend on the stored data (a scheme with policy "zero",
+        asymmetric cells): maps are then drawn with the clean stored words."""
+        schemes = (self.protection.values() if isinstance(self.protection, Mapping)
+                   else (self.protection,))
+        return any(depends_on_data(s, self.pattern) for s in schemes) or \
+            depends_on_data(NoProtection(), self.pattern)
+
+    def parts(self, plane: str, bits: int) -> tuple[Part, Part] | None:
+        """The protected and unprotected parts of ``plane`` (``bits``-bit elements) when
+        ``protected_bits`` splits it; None when it is stored whole."""
+        positions = (self.protected_bits or {}).get(plane)
+        if positions is None:
+            return None
+        return split_parts(bits, positions, self.layout, self.scheme(plane), plane)
 
     def scheme(self, plane: str) -> Protection:
         """The protection of ``plane``'s words."""
@@ -76,33 +103,42 @@ class Storage:
 
     def check_for(self, fmt: Format) -> None:
         """ArgumentError unless every plane of ``fmt`` fits (whole elements per word, known
-        planes in a per-plane protection, a policy the pipeline can apply)."""
+        planes in a per-plane protection and in ``protected_bits``, bits inside them)."""
         formats = plane_formats(fmt)
-        if isinstance(self.protection, Mapping):
-            for plane in self.protection:
+        for argument, named in (("protection", self.protection),
+                                ("protected_bits", self.protected_bits)):
+            if not isinstance(named, Mapping):
+                continue
+            for plane in named:
                 if plane not in formats:
-                    raise ArgumentError("protection", plane, f"planes of {tuple(formats)}",
-                                        requirement=f"protection names plane {plane!r}; "
+                    raise ArgumentError(argument, plane, f"planes of {tuple(formats)}",
+                                        requirement=f"{argument} names plane {plane!r}; "
                                                     f"{type(fmt).__name__} stores "
                                                     f"{tuple(formats)}")
         for plane, pf in formats.items():
             self.layout.per_word(pf.bits)
-            policy = getattr(self.scheme(plane), "policy", "flag")
-            if policy != "flag":
-                raise ArgumentError("protection.policy", policy, "'flag'",
-                                    requirement="a memory's protection takes policy 'flag' "
-                                                "(a word zeroed on detection depends on the "
-                                                "stored data)")
+            parts = self.parts(plane, pf.bits)
+            for part in parts or ():
+                part.protection.check_bits(part.layout.word_bits)
 
     def overhead(self, fmt: Format) -> dict[str, float]:
-        """Check bits per data bit of each plane's words."""
-        return {p: self.scheme(p).overhead(self.layout.word_bits) for p in plane_formats(fmt)}
+        """Check bits per data bit of each plane (a split plane: its protected part's
+        check bits per element over the element's bits)."""
+        out = {}
+        for p, pf in plane_formats(fmt).items():
+            positions = (self.protected_bits or {}).get(p)
+            out[p] = (self.scheme(p).overhead(self.layout.word_bits) if positions is None
+                      else split_overhead(pf.bits, positions, self.layout, self.scheme(p)))
+        return out
 
     def random_map(self, shape: tuple[int, ...], fmt: Format, *, ber: Any, seed: int,
-                   name: str, bits: Any = None, step: int | None = None) -> FaultMap:
+                   name: str, bits: Any = None, step: int | None = None,
+                   words: StoredWords | None = None) -> FaultMap:
         """The decoded map of a tensor of ``shape`` in ``fmt``: every plane drawn at its
         rate (``ber``: one rate, or ``{plane: rate}``; planes left out are fault-free),
-        over its physical words, decoded; a block format's other planes in ``planes``."""
+        over its physical words, decoded; a block format's other planes in ``planes``.
+        ``words``: the tensor's clean stored words, which a ``data_dependent`` storage
+        needs (the map is then the XOR map for them)."""
         formats = plane_formats(fmt)
         shapes = fmt.plane_shapes(shape) if len(formats) > 1 else {CODES: tuple(shape)}
         selected = _selected_planes(bits, tuple(formats))
@@ -113,10 +149,11 @@ class Storage:
             if rate is None or plane not in selected:
                 maps[plane] = FaultMap.empty(shapes[plane], pname)
                 continue
-            maps[plane] = draw_decoded_map(
+            maps[plane] = plane_map(
                 shapes[plane], pf.bits, rate=check_rate(rate, f"ber[{plane!r}]"), seed=seed,
                 name=pname, step=step, layout=self.layout, protection=self.scheme(plane),
-                pattern=self.pattern)
+                pattern=self.pattern, parts=self.parts(plane, pf.bits), plane=plane,
+                words=None if words is None else words.planes[plane], stored=words)
         codes = maps.pop(CODES)
         return FaultMap(codes.shape, codes.indices, codes.masks, name,
                         {**codes.meta, "format": fmt.to_dict()}, maps)
@@ -125,9 +162,12 @@ class Storage:
         protection = ({p: s.to_dict() for p, s in self.protection.items()}
                       if isinstance(self.protection, Mapping) else self.protection.to_dict())
         pattern = {k: v for k, v in self.pattern.to_dict().items()
-                   if k != RATE_FIELDS[self.pattern.kind]}
-        return {"word_bits": self.layout.word_bits, "row_words": self.layout.row_words,
-                "protection": protection, "pattern": pattern}
+                   if k != RATE_FIELDS.get(self.pattern.kind)}
+        out = {"word_bits": self.layout.word_bits, "row_words": self.layout.row_words,
+               "protection": protection, "pattern": pattern}
+        if self.protected_bits is not None:  # only then: older storages keep their digests
+            out["protected_bits"] = {p: list(b) for p, b in self.protected_bits.items()}
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Storage:
@@ -141,7 +181,7 @@ class Storage:
                                             f"{_KEYS}")
         layout = WordLayout(data.get("word_bits", 64), data.get("row_words"))
         return cls(layout, data.get("protection", "none"),
-                   data.get("pattern", {"kind": "independent"}))
+                   data.get("pattern", {"kind": "independent"}), data.get("protected_bits"))
 
 
 def _selected_planes(bits: Any, planes: tuple[str, ...]) -> tuple[str, ...]:
