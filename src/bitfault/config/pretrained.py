@@ -1,6 +1,7 @@
 """Config checks for pretrained models (``model: {kind: hf | gguf, path: ...}``): their
-model and text-data sections, the top-level ``metric``, and what such a run may not ask
-for (training, recipes that train, sweeps bitfault cannot run on them). Framework-free;
+model and data sections (``source: text``; ``source: pairs``, texts with human similarity
+scores for metric ``similarity``), the top-level ``metric``, and what such a run may not
+ask for (training, recipes that train, sweeps bitfault cannot run on them). Framework-free;
 whether the paths exist is checked when a campaign is planned, before anything is written.
 """
 
@@ -22,11 +23,14 @@ from bitfault.config.schema import (
 )
 from bitfault.errors import ArgumentError, check_int
 from bitfault.recipes import Recipe
+from bitfault.text import PAIR_SETS
 
 LEE = "lee"  # data.path naming gensim's Lee corpus
 DEFAULT_CONTEXT = 128
 DEFAULT_WINDOWS = {"cosine": 32}  # sentences for an embedding metric; token windows else 4
 CAUSAL_METRICS = ("perplexity", "agreement")  # metrics scoring a causal language model
+PAIRS_CONTEXT = 256  # tokens per text of source pairs (sentence-transformers' cut for MiniLM)
+SOURCE_KEYS = ("name",)  # data keys of source "pairs" only (it shares context and tokenizer)
 
 
 def _int(value: Any, key: str, minimum: int) -> int | None:
@@ -66,6 +70,9 @@ def text_data(d: Mapping[str, Any]) -> DataConfig:
         if d.get(k) is not None:
             raise ConfigError(f"data.{k}", d[k], "null for data.source 'text' (use "
                               "data.windows)")
+    if d.get("name") is not None:
+        raise ConfigError("data.name", d["name"], "null for data.source 'text' (data.path "
+                          "names the text; a pair set by name is data.source 'pairs')")
     path = _path(d.get("path"), "data.path", f"a text file (UTF-8) or {LEE!r} (gensim's Lee "
                  "corpus) for data.source 'text'")
     tokenizer = d.get("tokenizer")
@@ -75,12 +82,36 @@ def text_data(d: Mapping[str, Any]) -> DataConfig:
                       windows=_int(d.get("windows"), "data.windows", 1), tokenizer=tokenizer)
 
 
-def check_text_keys(d: Mapping[str, Any], source: str) -> None:
-    """The keys of source "text" are refused with any other source."""
-    for k in TEXT_KEYS:
+def pairs_data(d: Mapping[str, Any]) -> DataConfig:
+    """``data: {source: pairs, name: lee | wordsim353 | simlex999 | path: FILE, context,
+    tokenizer}``: texts with human similarity scores (``bitfault.text.text_pairs``)."""
+    for k in ("train_limit", "test_limit", "windows"):
         if d.get(k) is not None:
+            raise ConfigError(f"data.{k}", d[k], "null for data.source 'pairs' (every pair "
+                              "of the set is scored)")
+    name, path = d.get("name"), d.get("path")
+    sets = ", ".join(PAIR_SETS)
+    if (name is None) == (path is None):
+        raise ConfigError("data.name", name, f"one of {sets} (gensim's test data), or "
+                          "data.path (a tab-separated file: text_a, text_b, score), not both")
+    if name is not None and name not in PAIR_SETS:
+        raise ConfigError("data.name", name, f"one of {sets}, or data.path for a file")
+    if path is not None:
+        _path(path, "data.path", "a tab-separated pairs file (text_a, text_b, score)")
+    tokenizer = d.get("tokenizer")
+    if tokenizer is not None:
+        _path(tokenizer, "data.tokenizer", "a tokenizer directory, or null (the model's own)")
+    return DataConfig("pairs", path, context=_int(d.get("context"), "data.context", 2),
+                      tokenizer=tokenizer, name=name)
+
+
+def check_text_keys(d: Mapping[str, Any], source: str) -> None:
+    """The keys of sources "text" and "pairs" are refused with any other source."""
+    for k in (*TEXT_KEYS, *SOURCE_KEYS):
+        if d.get(k) is not None:
+            reads = "'pairs'" if k in SOURCE_KEYS else "'text' or 'pairs'"
             raise ConfigError(f"data.{k}", d[k], f"null for data.source {source!r} (only "
-                              "data.source 'text' reads it)")
+                              f"data.source {reads} reads it)")
 
 
 def metric_of(raw: Any, model: ModelConfig) -> str | None:
@@ -143,12 +174,22 @@ def check_pretrained(d: Mapping[str, Any], config: RunConfig) -> RunConfig:
     model, data = config.model, config.data
     metric = metric_of(d.get("metric"), model)
     if not model.pretrained:
-        if data.source == "text":
-            raise ConfigError("data.source", "text", "a digit source for a model bitfault "
-                              "trains; text is for model.kind hf or gguf")
+        if data.source in ("text", "pairs"):
+            raise ConfigError("data.source", data.source, "a digit source for a model "
+                              f"bitfault trains; {data.source} is for model.kind hf or gguf")
         return config
-    if data.source != "text":
-        raise ConfigError("data.source", data.source, f"'text' for model.kind {model.kind!r}")
+    if data.source not in ("text", "pairs") or (data.source == "pairs"
+                                                and model.kind == "gguf"):
+        raise ConfigError("data.source", data.source, "'text' or 'pairs' for model.kind 'hf'"
+                          if model.kind == "hf" else "'text' for model.kind 'gguf' (pairs "
+                          "are scored by an embedding model)")
+    if data.source == "pairs" and d.get("metric") is None:
+        metric = "similarity"
+    if (metric == "similarity") != (data.source == "pairs"):
+        if metric == "similarity":
+            raise ConfigError("data.source", data.source, "'pairs' for metric 'similarity' "
+                              "(texts with human similarity scores)")
+        raise ConfigError("metric", metric, "similarity for data.source 'pairs' (or absent)")
     if config.train != TrainConfig():  # to_dict writes the defaults: those are fine
         raise ConfigError("train", d["train"], f"absent for model.kind {model.kind!r} "
                           "(pretrained models are measured as they are, not trained)")
@@ -170,11 +211,15 @@ def check_pretrained(d: Mapping[str, Any], config: RunConfig) -> RunConfig:
             raise ConfigError("campaign.fault", c.fault.to_dict(), "a fault model on every "
                               "bit for model.kind 'gguf' (choose planes with plane_rates)")
     recipes = pretrained_recipes(d.get("recipes"), model, config.recipes)
-    windows = data.windows or DEFAULT_WINDOWS.get(metric, 4)
-    data = DataConfig("text", data.path, context=data.context or DEFAULT_CONTEXT,
-                      windows=windows, tokenizer=data.tokenizer)
+    if data.source == "pairs":
+        data = DataConfig("pairs", data.path, context=data.context or PAIRS_CONTEXT,
+                          tokenizer=data.tokenizer, name=data.name)
+    else:
+        windows = data.windows or DEFAULT_WINDOWS.get(metric, 4)
+        data = DataConfig("text", data.path, context=data.context or DEFAULT_CONTEXT,
+                          windows=windows, tokenizer=data.tokenizer)
     return config.replace(metric=metric, recipes=recipes, data=data)
 
 
-__all__ = ["CAUSAL_METRICS", "LEE", "check_pretrained", "check_text_keys", "metric_of",
-           "pretrained_model", "pretrained_recipes", "text_data"]
+__all__ = ["CAUSAL_METRICS", "LEE", "PAIRS_CONTEXT", "check_pretrained", "check_text_keys",
+           "metric_of", "pairs_data", "pretrained_model", "pretrained_recipes", "text_data"]

@@ -12,9 +12,9 @@ from bitfault.recipes import Recipe
 from bitfault.targets import Targets
 
 FRAMEWORKS = ("torch", "keras")
-SOURCES = ("embedded", "idx", "npz", "fashion-mnist", "text")
+SOURCES = ("embedded", "idx", "npz", "fashion-mnist", "text", "pairs")
 PRETRAINED_KINDS = ("hf", "gguf")  # model.kind: a pretrained model bitfault does not train
-PRETRAINED_METRICS = ("perplexity", "agreement", "cosine")  # the top-level ``metric``
+PRETRAINED_METRICS = ("perplexity", "agreement", "cosine", "similarity")  # top-level ``metric``
 TEXT_KEYS = ("context", "windows", "tokenizer")  # data keys of source "text" only
 BUILTIN_MODELS = {"seed_mlp": ("hidden", "seed"), "small_cnn": ("channels", "seed", "norm")}
 
@@ -44,7 +44,9 @@ class DataConfig:
     ``source: text`` (pretrained models): ``path`` a text file or ``lee`` (gensim's Lee
     corpus), cut into ``windows`` rows of ``context`` tokens (an embedding metric: the
     first ``windows`` lines, truncated to ``context`` tokens) by ``tokenizer`` (a tokenizer
-    directory; default: the model's own)."""
+    directory; default: the model's own). ``source: pairs`` (metric similarity): ``name``
+    a pair set of gensim's test data (lee, wordsim353, simlex999) or ``path`` a
+    tab-separated file of text_a, text_b, score; each text at most ``context`` tokens."""
 
     source: str = "embedded"
     path: str | None = None
@@ -53,10 +55,13 @@ class DataConfig:
     context: int | None = None
     windows: int | None = None
     tokenizer: str | None = None
+    name: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        drop = ("train_limit", "test_limit") if self.source == "text" else TEXT_KEYS
+        drop = {"text": ("train_limit", "test_limit", "name"),
+                "pairs": ("train_limit", "test_limit", "windows")}.get(
+                    self.source, (*TEXT_KEYS, "name"))
         return {k: v for k, v in d.items() if k not in drop}
 
 

@@ -20,6 +20,7 @@ from typing import Any
 from bitfault.config.pretrained import (
     check_pretrained,
     check_text_keys,
+    pairs_data,
     pretrained_model,
     text_data,
 )
@@ -131,6 +132,8 @@ def _data(raw: Any) -> DataConfig:
     source = _choice(d.get("source", "embedded"), SOURCES, "data.source")
     if source == "text":
         return text_data(d)
+    if source == "pairs":
+        return pairs_data(d)
     check_text_keys(d, source)
     path = d.get("path")
     if path is not None and not isinstance(path, str):

@@ -8,7 +8,9 @@ loaded once (``bitfault.torch.gguf.load_gguf_model``), faulted in the planes it 
 (``bitfault.torch.gguf_eval``). Text: ``data.path`` (a UTF-8 file, or ``lee``: gensim's Lee
 corpus) through the model's tokenizer (or ``data.tokenizer``): ``data.windows`` rows of
 ``data.context`` tokens for a language model, the first ``data.windows`` non-empty lines
-(truncated to ``data.context`` tokens) for embeddings. Nothing downloads: transformers is
+(truncated to ``data.context`` tokens) for embeddings; ``data.source: pairs`` (metric
+similarity): every text of the pair set, truncated to ``data.context`` tokens, scored by
+``bitfault.campaign.similarity.SimilarityMetric``. Nothing downloads: transformers is
 asked for local files only.
 """
 
@@ -31,7 +33,8 @@ METRICS = {"perplexity": ("language_model", "perplexity",
                           ("next_token_agreement", "next_token_accuracy")),
            "agreement": ("language_model", "next_token_agreement",
                          ("perplexity", "next_token_accuracy")),
-           "cosine": ("cosine", "cosine", ("cosine_min",))}
+           "cosine": ("cosine", "cosine", ("cosine_min",)),
+           "similarity": ("similarity", "spearman", ("cosine", "cosine_min"))}
 HEADS = ("ForCausalLM", "LMHeadModel")  # architectures with a causal language-model head
 
 
@@ -64,7 +67,11 @@ def check_paths(config: RunConfig) -> None:
                               f"head ({' or '.join(HEADS)}), which {config.metric} scores")
     elif not os.path.isfile(m.path):
         raise ConfigError("model.path", m.path, "an existing GGUF file")
-    if d.path != LEE and not os.path.isfile(d.path):
+    if d.source == "pairs":
+        if d.path is not None and not os.path.isfile(d.path):
+            raise ConfigError("data.path", d.path, "an existing pairs file (text_a, text_b, "
+                              "score per line, tab-separated)")
+    elif d.path != LEE and not os.path.isfile(d.path):
         raise ConfigError("data.path", d.path, f"an existing text file or {LEE!r}")
     if d.tokenizer is not None and not os.path.isdir(d.tokenizer):
         raise ConfigError("data.tokenizer", d.tokenizer, "an existing tokenizer directory")
@@ -80,6 +87,20 @@ def read_corpus(config: RunConfig) -> str:
         raise ConfigError("data.path", config.data.path, exc.requirement) from None
     except UnicodeDecodeError as exc:
         raise ConfigError("data.path", config.data.path, f"a UTF-8 text file ({exc})") from None
+
+
+def load_pairs(config: RunConfig) -> Any:
+    """The ``bitfault.text.TextPairs`` of ``data.name`` or ``data.path`` (source pairs)."""
+    from bitfault.text import text_pairs
+
+    d = config.data
+    key, value = ("data.name", d.name) if d.name is not None else ("data.path", d.path)
+    try:
+        return text_pairs(name=d.name, path=d.path)
+    except ArgumentError as exc:
+        raise ConfigError(key, value, exc.requirement) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(key, value, f"a UTF-8 pairs file ({exc})") from None
 
 
 def load_tokenizer(config: RunConfig) -> Any:
@@ -101,26 +122,33 @@ def load_tokenizer(config: RunConfig) -> Any:
                           ) from None
 
 
-def make_inputs(config: RunConfig, tokenizer: Any) -> tuple[Any, Any]:
+def _padded(config: RunConfig, tokenizer: Any, texts: list[str]) -> dict[str, Any]:
+    if tokenizer.pad_token is None:
+        raise ConfigError("data.tokenizer", config.data.tokenizer, "a tokenizer with a "
+                          f"padding token (metric {config.metric} pads texts to one length)")
+    return dict(tokenizer(texts, padding=True, truncation=True,
+                          max_length=config.data.context, return_tensors="pt"))
+
+
+def make_inputs(config: RunConfig, tokenizer: Any, pairs: Any = None) -> tuple[Any, Any]:
     """(inputs, labels): token windows and their next tokens for a language model; padded
-    sentences (a dict of tensors) and no labels for embeddings."""
+    sentences (a dict of tensors) and no labels for embeddings; for similarity every text
+    of ``pairs`` (default: ``load_pairs(config)``), padded."""
     import torch
 
     from bitfault.text import token_windows
     from bitfault.torch.hf import next_token_labels
 
+    if config.metric == "similarity":
+        pairs = load_pairs(config) if pairs is None else pairs
+        return _padded(config, tokenizer, list(pairs.texts)), None
     d, text = config.data, read_corpus(config)
     if config.metric == "cosine":
         lines = [s.strip() for s in text.splitlines() if s.strip()]
         if len(lines) < d.windows:
             raise ConfigError("data.windows", d.windows, f"at most {len(lines)}: the text has "
                               f"{len(lines)} non-empty lines (sentences)")
-        if tokenizer.pad_token is None:
-            raise ConfigError("data.tokenizer", d.tokenizer, "a tokenizer with a padding token "
-                              "(metric cosine pads sentences to one length)")
-        x = tokenizer(lines[:d.windows], padding=True, truncation=True, max_length=d.context,
-                      return_tensors="pt")
-        return dict(x), None
+        return _padded(config, tokenizer, lines[:d.windows]), None
     try:
         ids = token_windows(text, tokenizer, d.context, d.windows)
     except ArgumentError as exc:
@@ -150,12 +178,14 @@ def plan_pretrained(config: RunConfig) -> list[Plan]:
     from bitfault.jobs.summary import build_trials
 
     check_paths(config)
+    pairs = load_pairs(config) if config.metric == "similarity" else None
     tokenizer = load_tokenizer(config)
-    inputs, labels = make_inputs(config, tokenizer)
+    inputs, labels = make_inputs(config, tokenizer, pairs)
     c = config.campaign
     if config.model.kind == "gguf":
         return [_plan_gguf(config, config.recipes[0], inputs, labels)]
     model = _load_hf(config)
+    _check_context(config, model, inputs)
     plans = []
     for i, recipe in enumerate(config.recipes):
         try:
@@ -165,15 +195,25 @@ def plan_pretrained(config: RunConfig) -> list[Plan]:
             raise ConfigError(key, dict(c.plane_rates or {}) or c.fault.to_dict(),
                               f"one that fits recipes[{i}]'s format {recipe.format} "
                               f"({exc})") from None
-        ev = _hf_evaluator(config, model, inputs, labels)
+        ev = _hf_evaluator(config, model, inputs, labels, pairs)
         plans.append(Plan(recipe, memory, ev, build_trials(c, memory, ev.tensor_shapes())))
     return plans
+
+
+def _check_context(config: RunConfig, model: Any, inputs: Any) -> None:
+    """Refuse inputs longer than the model has positions for (a named error, not torch's)."""
+    most = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    ids = inputs["input_ids"] if isinstance(inputs, dict) else inputs
+    if isinstance(most, int) and ids.shape[-1] > most:
+        raise ConfigError("data.context", config.data.context, f"at most {most} (the "
+                          f"model's max_position_embeddings): its texts run to "
+                          f"{ids.shape[-1]} tokens")
 
 
 def _load_hf(config: RunConfig) -> Any:
     from transformers import AutoModel, AutoModelForCausalLM
 
-    auto = AutoModel if config.metric == "cosine" else AutoModelForCausalLM
+    auto = AutoModelForCausalLM if config.metric in CAUSAL_METRICS else AutoModel
     try:
         return auto.from_pretrained(config.model.path, local_files_only=True).eval()
     except (OSError, ValueError) as exc:
@@ -181,14 +221,17 @@ def _load_hf(config: RunConfig) -> Any:
                           f"offline ({str(exc).strip().splitlines()[0]})") from None
 
 
-def _hf_evaluator(config: RunConfig, model: Any, inputs: Any, labels: Any) -> Any:
+def _hf_evaluator(config: RunConfig, model: Any, inputs: Any, labels: Any,
+                  pairs: Any = None) -> Any:
+    from bitfault.campaign.similarity import SimilarityMetric
     from bitfault.torch import OutputEvaluator
     from bitfault.torch.hf import mean_pooled
 
     kind, _, _ = METRICS[config.metric]
-    cosine = config.metric == "cosine"
+    cosine = config.metric not in CAUSAL_METRICS  # embeddings: mean-pooled
+    metric = SimilarityMetric.of(pairs) if config.metric == "similarity" else kind
     try:
-        return OutputEvaluator(model, inputs, kind, labels=labels,
+        return OutputEvaluator(model, inputs, metric, labels=labels,
                                targets=config.campaign.targets, batch_size=32 if cosine else 4,
                                output_fn=mean_pooled if cosine else None)
     except ArgumentError as exc:
@@ -223,5 +266,5 @@ def _plan_gguf(config: RunConfig, recipe: Recipe, windows: Any, labels: Any) -> 
     return Plan(recipe, memory, ev, build_trials(c, memory, ev.tensor_shapes()))
 
 
-__all__ = ["METRICS", "Plan", "check_paths", "curves", "headline", "load_tokenizer",
-           "make_inputs", "plan_pretrained", "read_corpus"]
+__all__ = ["METRICS", "Plan", "check_paths", "curves", "headline", "load_pairs",
+           "load_tokenizer", "make_inputs", "plan_pretrained", "read_corpus"]

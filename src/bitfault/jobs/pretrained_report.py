@@ -1,10 +1,11 @@
 """The report of a pretrained-model run (``model.kind`` hf or gguf), from its stores.
 
 ``RUN_DIR/report/``: one plot per value of the run's metric vs bit error rate
-(``rate_<value>.png``: perplexity, next-token agreement and accuracy, or cosine; mean over
-the chips where the value is finite, 95% band, worst chip dotted, no faults dashed), a
-heatmap per recipe of the headline value by tensor when the layer sweep ran (bounded
-metrics; perplexity's layer rows are a table), the outcomes (masked / non-finite /
+(``rate_<value>.png``: perplexity, next-token agreement and accuracy, cosine, or spearman
+with cosine for similarity; mean over the chips where the value is finite, 95% band, worst
+chip dotted, no faults dashed), a heatmap per recipe of the headline value by tensor when
+the layer sweep ran (bounded metrics; perplexity's and spearman's layer rows are tables),
+the outcomes (masked / non-finite /
 corrupted with Wilson intervals), ``summary.csv``/``.json``, ``rate_table.csv``/``.json``
 and one ``report.html``.
 """
@@ -109,13 +110,20 @@ def make_pretrained_report(rd: RunDir, config: RunConfig, reporter: Reporter
                      f"{value}, no faults": m["clean"].get(value), "trials": m["trials"],
                      "stored": m["stored"]} for n, m in models.items()]
     chips = sorted({r["chips"] for m in models.values() for r in m["rate"]})
+    d = config.data
+    measured = (f"{summary.get('examples')} windows of {d.path} ({d.context} tokens)"
+                if config.metric in ("perplexity", "agreement") else
+                f"{summary.get('examples')} sentences of {d.path} (at most {d.context} tokens)"
+                if config.metric == "cosine" else
+                f"the {summary.get('examples')} texts of {d.name or d.path} (at most "
+                f"{d.context} tokens), spearman being the rank correlation of the cosine "
+                f"similarity of their {summary.get('pairs')} rated pairs with the human "
+                "scores")
     lead = (f"This page shows how the {value.replace('_', ' ')} of the pretrained model "
             f"{config.model.path} ({config.model.kind}) changes when {fault_phrase(c.fault)} "
             f"hit its stored weights at increasing {what}s, on "
             f"{'/'.join(map(str, chips))} simulated chips per rate (chip c draws seed "
-            f"{c.seed} + c), measured on {summary.get('examples')} "
-            f"{'sentences' if config.metric == 'cosine' else 'windows'} of "
-            f"{config.data.path} ({config.data.context} tokens). No faults is the model with "
+            f"{c.seed} + c), measured on {measured}. No faults is the model with "
             "its weights in the recipe's storage; every faulty trial is compared with it.")
     if left:
         lead += f" Incomplete campaigns, shown with the trials stored so far: {', '.join(left)}."

@@ -104,6 +104,8 @@ def _run_all(rd: RunDir, config: RunConfig, plans: list[Plan], reporter: Reporte
         "metric": config.metric, "value": value, "examples": len(first.labels)
         if first.labels is not None else None, "data": config.data.to_dict(),
         "campaign": config.to_dict()["campaign"], "models": {}}
+    if config.metric == "similarity":  # the rated pairs of the texts (examples)
+        summary["pairs"] = len(first.metric.pairs)
     if moved is not None:
         summary["moved_aside"] = str(moved)
     cleans = {p.recipe.name: _clean_values(p) for p in plans}

@@ -19,7 +19,8 @@ from bitfault.jobs.summary import build_trials, read_records
 from bitfault.memory import Memory
 from bitfault.stats import summarize
 
-BOUNDED = {"next_token_agreement": (0.0, 1.0), "next_token_accuracy": (0.0, 1.0)}
+BOUNDED = {"next_token_agreement": (0.0, 1.0), "next_token_accuracy": (0.0, 1.0),
+           "spearman": (-1.0, 1.0)}
 GGUF_FILE = "gguf file"  # an entry's "format" for a GGUF file's own storage
 
 
