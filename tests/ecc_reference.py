@@ -69,9 +69,30 @@ def ref_decode(d: int, c: int, k: int) -> tuple[int, int]:
 
 
 def random_words(k: int, count: int, seed: int) -> list[int]:
+    """0, all ones and ``count`` random ``k``-bit words (any ``k``: 64-bit draws joined)."""
     rng = np.random.default_rng(seed)
-    words = [int(x) >> (64 - k) for x in rng.integers(0, 2 ** 64, count, dtype=np.uint64)]
+    chunks = -(-k // 64)
+    draws = rng.integers(0, 2 ** 64, (count, chunks), dtype=np.uint64)
+    words = [sum(int(x) << (64 * j) for j, x in enumerate(row)) >> (64 * chunks - k)
+             for row in draws]
     return [0, 2 ** k - 1, *words]
+
+
+def to_array(values: list[int], k: int) -> np.ndarray:
+    """Python ints as the library's words: uint64 up to 64 bits, else rows of 64-bit
+    lanes, least significant lane first."""
+    if k <= 64:
+        return np.array(values, np.uint64)
+    lanes = -(-k // 64)
+    return np.array([[(v >> (64 * j)) % 2 ** 64 for j in range(lanes)] for v in values],
+                    np.uint64).reshape(len(values), lanes)
+
+
+def from_array(words: np.ndarray) -> list[int]:
+    """The inverse of ``to_array``."""
+    if words.ndim == 1:
+        return [int(x) for x in words]
+    return [sum(int(x) << (64 * j) for j, x in enumerate(row)) for row in words]
 
 
 def flip(d: int, c: int, k: int, positions: tuple[int, ...]) -> tuple[int, int]:

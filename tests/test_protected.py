@@ -8,10 +8,25 @@ import pytest
 import bitfault as bf
 from bitfault.errors import ArgumentError, ArgumentTypeError
 from bitfault.layout import WordLayout
-from bitfault.maps.patterns import Asymmetric, IndependentBits, MultiBitUpset, WordFaults
-from bitfault.protected import decode_faults, stored_words
+from bitfault.maps.patterns import (
+    Asymmetric,
+    ColumnFaults,
+    IndependentBits,
+    MultiBitUpset,
+    RowFaults,
+    WordFaults,
+)
+from bitfault.protected import decode_faults, draw_decoded_map, stored_words
 from bitfault.protection import NoProtection, Parity, SecDed
-from ecc_reference import CORRECTED, DUE, ref_check, ref_check_bits, ref_scheme
+from ecc_reference import (
+    CORRECTED,
+    DUE,
+    from_array,
+    ref_check,
+    ref_check_bits,
+    ref_scheme,
+    to_array,
+)
 
 SCHEMES = [NoProtection(), Parity(), Parity("zero"), SecDed(), SecDed("zero")]
 
@@ -25,7 +40,8 @@ def reference(words: np.ndarray, bits: int, word_bits: int, scheme, faults: Word
     n = len(flat)
     xor, zeroed = {}, set()
     counts = {"bit_errors": 0, "words": 0, "corrected": 0, "due": 0, "silent": 0}
-    for w, dmask, cmask in zip(faults.indices, faults.data, faults.check, strict=True):
+    for w, dmask, cmask in zip(faults.indices, from_array(faults.data), faults.check,
+                               strict=True):
         w, dmask, cmask = int(w), int(dmask), int(cmask)
         elements = [w * k + i for i in range(k)]
         data = sum(flat[e] << (i * bits) for i, e in enumerate(elements) if e < n)
@@ -57,6 +73,11 @@ CASES = [  # (format, shape, word_bits)
     (bf.Float("float32"), (33,), 64),
     (bf.FixedPoint(8, 4), (50,), 8),
     (bf.FixedPoint(4, 2), (3, 11), 16),
+    # wider than 64 data bits: (137,128) and (266,256) SEC-DED, codes straddling lanes
+    (bf.FixedPoint(8, 4), (7, 9), 128),
+    (bf.Float("float32"), (33,), 128),
+    (bf.FixedPoint(12, 6), (5, 7), 96),
+    (bf.FixedPoint(16, 8), (41,), 256),
 ]
 
 
@@ -170,3 +191,87 @@ def test_asymmetric_faults_from_the_stored_words(scheme) -> None:
     xor, zeroed, counts = reference(words, 8, 64, scheme, faults)
     assert as_dict(got.xor) == xor and not zeroed
     assert tuple(got.outcomes.to_dict().values())[:5] == tuple(counts.values())
+
+
+@pytest.mark.parametrize("scheme", [NoProtection(), Parity(), SecDed()], ids=lambda s: s.kind)
+@pytest.mark.parametrize("interleave", [1, 2])
+def test_every_pattern_on_128_bit_words_equals_the_reference_loop(scheme, interleave) -> None:
+    fmt = bf.FixedPoint(8, 4)
+    words = fmt.encode(np.random.default_rng(3).normal(0, 2, 613).astype(np.float32))
+    layout = WordLayout(128, row_words=4, interleave=interleave)
+    n_words = layout.n_words(words.size, 8)  # 39 words of 16 codes, the last padded
+    check_bits = scheme.check_bits(128)
+    data, check = stored_words(words, 8, layout, scheme)
+    assert data.shape == (n_words, 2) and check.shape == (n_words,)
+    assert from_array(check) == [ref_check(scheme.kind, d, 128) for d in from_array(data)]
+    patterns = [IndependentBits(0.01), MultiBitUpset(0.5, {1: 0.3, 2: 0.3, 3: 0.4}),
+                ColumnFaults(0.01), RowFaults(0.3), Asymmetric(0.01, 0.005)]
+    for pattern in patterns:
+        faults = pattern.draw(n_words, 128, check_bits, seed=2, name="w", row_words=4,
+                              interleave=interleave, stored=(data, check))
+        assert faults.data.shape == (len(faults), 2) and len(faults) > 3, pattern
+        assert max(from_array(faults.data)) < 1 << 128
+        got = decode_faults(words, 8, layout, scheme, faults, name="w")
+        xor, zeroed, counts = reference(words, 8, 128, scheme, faults)
+        assert as_dict(got.xor) == xor and not zeroed, pattern
+        assert tuple(got.outcomes.to_dict().values())[:5] == tuple(counts.values()), pattern
+
+
+def test_interleaving_lets_secded_correct_adjacent_upsets() -> None:
+    """A k-bit upset (k <= d) hits k words one bit each: SEC-DED corrects every word hit
+    once and detects every word hit twice (two events in one group), never miscorrects."""
+    fmt = bf.FixedPoint(8, 4)
+    words = fmt.encode(np.random.default_rng(0).normal(0, 2, 64 * 2000).astype(np.float32))
+    pattern = MultiBitUpset(0.02, {2: 0.5, 3: 0.5})
+    results = {}
+    for d in (1, 4):
+        layout = WordLayout(64, row_words=16, interleave=d)
+        faults = pattern.draw(16000, 64, 8, seed=4, name="w", row_words=16, interleave=d)
+        o = decode_faults(words, 8, layout, SecDed(), faults).outcomes
+        weights = [int(m).bit_count() + int(c).bit_count()
+                   for m, c in zip(faults.data, faults.check, strict=True)]
+        results[d] = o
+        if d == 4:
+            assert o.corrected == weights.count(1) > 0 and o.due == weights.count(2)
+            assert o.silent == 0 and max(weights) <= 2
+    assert results[1].corrected < results[1].words // 10  # without: mostly doubles, triples
+    assert results[1].silent > 0 and results[4].corrected > 10 * results[1].corrected
+
+
+@pytest.mark.parametrize("word_bits", [64, 128])
+def test_draw_decoded_map_reads_the_layouts_interleave(word_bits) -> None:
+    shape, bits = (9, 40), 8
+    pattern = MultiBitUpset(0.0, {1: 0.5, 3: 0.5})
+    for d in (1, 3):
+        layout = WordLayout(word_bits, row_words=6, interleave=d)
+        fmap = draw_decoded_map(shape, bits, rate=0.3, seed=1, name="w", step=None,
+                                layout=layout, protection=SecDed(), pattern=pattern)
+        n_words = layout.n_words(360, bits)
+        faults = MultiBitUpset(0.3, {1: 0.5, 3: 0.5}).draw(
+            n_words, word_bits, SecDed().check_bits(word_bits), seed=1, name="w",
+            row_words=6, interleave=d)
+        xor, _, counts = reference(np.zeros(shape, np.int64), bits, word_bits, SecDed(),
+                                   faults)
+        assert as_dict(fmap) == xor and fmap.meta["outcomes"]["due"] == counts["due"]
+        assert fmap.meta["layout"] == layout.to_dict()
+        assert ("interleave" in fmap.meta["layout"]) == (d != 1)
+
+
+def test_wide_faults_with_the_wrong_lanes_are_refused() -> None:
+    words = np.zeros(40, np.int8)
+    layout = WordLayout(128)
+    narrow = WordFaults(np.array([1]), np.array([1], np.uint64), np.array([0], np.uint64))
+    with pytest.raises(ArgumentError) as e:
+        decode_faults(words, 8, layout, SecDed(), narrow)
+    assert e.value.argument == "faults"
+    over = WordFaults(np.array([0]), to_array([1], 128), np.array([1 << 9], np.uint64))
+    with pytest.raises(ArgumentError) as e:  # (137,128) has 9 check bits
+        decode_faults(words, 8, layout, SecDed(), over)
+    assert e.value.argument == "faults"
+    top = WordFaults(np.array([0]), np.array([[0, 1 << 40]], np.uint64),
+                     np.zeros(1, np.uint64))
+    with pytest.raises(ArgumentError) as e:  # bit 104 of a 100-bit word
+        decode_faults(np.zeros(40, np.int8), 4, WordLayout(100), SecDed(), top)
+    assert e.value.argument == "faults"
+    empty = decode_faults(words, 8, layout, SecDed(), WordFaults.empty(128))
+    assert empty.outcomes.words == 0 and empty.xor.indices.size == 0

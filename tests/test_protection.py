@@ -18,16 +18,17 @@ from bitfault.protection import (
     SecDed,
     protection_from_dict,
 )
-from ecc_reference import flip, random_words, ref_decode, ref_encode
+from ecc_reference import flip, from_array, random_words, ref_decode, ref_encode, to_array
 
-WIDTHS = (8, 12, 16, 24, 32, 57, 64)
+WIDTHS = (8, 12, 16, 24, 32, 57, 64, 65, 100, 128, 256)  # above 64: (n, lanes) uint64 words
 
 
 def decode_many(code, cases: list[tuple[int, int]], k: int) -> tuple[list[int], list[int]]:
-    d = np.array([x for x, _ in cases], np.uint64)
+    d = to_array([x for x, _ in cases], k)
     c = np.array([y for _, y in cases], np.uint64)
     out, status = code.decode(d, c, k)
-    return [int(x) for x in out], [int(s) for s in status]
+    assert out.shape == d.shape and status.shape == c.shape
+    return from_array(out), [int(s) for s in status]
 
 
 # ---- SEC-DED ----------------------------------------------------------------------------
@@ -35,12 +36,13 @@ def decode_many(code, cases: list[tuple[int, int]], k: int) -> tuple[list[int], 
 @pytest.mark.parametrize("k", WIDTHS)
 def test_secded_encode_matches_reference(k: int) -> None:
     words = random_words(k, 200, k)
-    got = SecDed().encode(np.array(words, np.uint64), k)
-    assert got.dtype == np.uint64
+    got = SecDed().encode(to_array(words, k), k)
+    assert got.dtype == np.uint64 and got.shape == (len(words),)
     assert [int(x) for x in got] == [ref_encode(w, k) for w in words]
 
 
-@pytest.mark.parametrize(("k", "n"), [(8, 13), (16, 22), (32, 39), (64, 72)])
+@pytest.mark.parametrize(("k", "n"), [(8, 13), (16, 22), (32, 39), (64, 72), (128, 137),
+                                      (256, 266)])
 def test_secded_code_sizes(k: int, n: int) -> None:
     assert k + SecDed().check_bits(k) == n
 
@@ -49,6 +51,7 @@ def test_overheads() -> None:
     assert SecDed().overhead(32) == 7 / 32
     assert SecDed().overhead(64) == 8 / 64
     assert SecDed().overhead(8) == 5 / 8
+    assert SecDed().overhead(128) == 9 / 128 and Parity().overhead(128) == 1 / 128
     assert Parity().overhead(64) == 1 / 64
     assert NoProtection().overhead(32) == 0.0
     assert NoProtection().check_bits(64) == 0 and Parity().check_bits(16) == 1
@@ -116,15 +119,16 @@ def test_secded_shortened_code_flags_syndromes_outside_the_code() -> None:
 
 def test_secded_clean_words_decode_ok() -> None:
     for k in WIDTHS:
-        words = np.array(random_words(k, 50, k), np.uint64)
-        out, status = SecDed().decode(words, SecDed().encode(words, k), k)
-        assert np.array_equal(out, words) and not status.any()
-        assert status.dtype == np.uint8
+        words = to_array(random_words(k, 50, k), k)
+        for code in (SecDed(), Parity(), NoProtection()):
+            out, status = code.decode(words, code.encode(words, k), k)
+            assert np.array_equal(out, words) and not status.any()
+            assert status.dtype == np.uint8 and status.shape == (52,)
 
 
 # ---- parity -----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("k", (8, 32, 64))
+@pytest.mark.parametrize("k", (8, 32, 64, 128, 200))
 @pytest.mark.parametrize("weight", (1, 2, 3, 4))
 def test_parity_detects_odd_misses_even(k: int, weight: int) -> None:
     rng = np.random.default_rng(weight * 100 + k)
@@ -144,9 +148,10 @@ def test_parity_detects_odd_misses_even(k: int, weight: int) -> None:
 
 
 def test_parity_encode_is_the_even_parity_bit() -> None:
-    words = random_words(64, 300, 7)
-    got = Parity().encode(np.array(words, np.uint64), 64)
-    assert [int(x) for x in got] == [bin(w).count("1") % 2 for w in words]
+    for k in (64, 128, 256):
+        words = random_words(k, 300, 7)
+        got = Parity().encode(to_array(words, k), k)
+        assert [int(x) for x in got] == [bin(w).count("1") % 2 for w in words]
 
 
 def test_no_protection_passes_errors_through() -> None:
@@ -181,7 +186,7 @@ def test_bad_input_names_the_argument() -> None:
     with pytest.raises(ArgumentError) as e:
         SecDed(policy="drop")
     assert e.value.argument == "policy" and "zero" in e.value.allowed
-    for bad in (7, 65, True, 8.0):
+    for bad in (7, 257, True, 8.0):
         with pytest.raises(ArgumentError) as e:
             SecDed().check_bits(bad)
         assert e.value.argument == "data_bits"
@@ -196,6 +201,23 @@ def test_bad_input_names_the_argument() -> None:
     assert e.value.argument == "check"
     with pytest.raises(ArgumentError) as e:
         SecDed().decode(np.array([1], np.uint64), np.array([64], np.uint64), 8)
+    assert e.value.argument == "check"
+    # wide words: (n, lanes) arrays of the right lanes, the top lane within the width
+    for code in (SecDed(), Parity(), NoProtection()):
+        with pytest.raises(ArgumentError) as e:
+            code.encode(np.zeros(3, np.uint64), 128)
+        assert e.value.argument == "data"
+        with pytest.raises(ArgumentError) as e:
+            code.encode(np.zeros((3, 3), np.uint64), 128)
+        assert e.value.argument == "data"
+    with pytest.raises(ArgumentError) as e:
+        SecDed().encode(np.array([[0, 1 << 36]], np.uint64), 100)  # bit 100 of 100 bits
+    assert e.value.argument == "data"
+    with pytest.raises(ArgumentError) as e:
+        SecDed().decode(np.zeros((3, 2), np.uint64), np.zeros(2, np.uint64), 128)
+    assert e.value.argument == "check"
+    with pytest.raises(ArgumentError) as e:
+        SecDed().decode(np.zeros((1, 2), np.uint64), np.array([1 << 9], np.uint64), 128)
     assert e.value.argument == "check"
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import bitfault as bf
 from bitfault.errors import ArgumentError, ArgumentTypeError
 from bitfault.layout import WordLayout
+from ecc_reference import from_array, to_array
 
 
 def ref_pack(values: list[int], bits: int, word_bits: int) -> list[int]:
@@ -19,7 +21,10 @@ def ref_pack(values: list[int], bits: int, word_bits: int) -> list[int]:
 
 
 CASES = [(8, 64, np.int8), (4, 32, np.int8), (16, 64, np.int16), (32, 64, np.int32),
-         (6, 24, np.int8), (2, 8, np.int8), (32, 32, np.int32), (5, 40, np.int8)]
+         (6, 24, np.int8), (2, 8, np.int8), (32, 32, np.int32), (5, 40, np.int8),
+         # wider than 64 bits: (n, lanes) words; 24-, 5- and 12-bit codes straddle lanes
+         (8, 128, np.int8), (32, 128, np.int32), (24, 96, np.int32), (5, 200, np.int8),
+         (16, 256, np.int16), (12, 72, np.int16), (4, 132, np.int8)]
 
 
 @pytest.mark.parametrize(("bits", "word_bits", "dtype"), CASES)
@@ -30,9 +35,10 @@ def test_pack_unpack_match_reference(bits: int, word_bits: int, dtype) -> None:
     layout = WordLayout(word_bits)
     packed = layout.pack(values, bits)
     assert packed.dtype == np.uint64
-    assert [int(x) for x in packed] == ref_pack([int(v) for v in values.ravel()], bits,
-                                                word_bits)
-    assert packed.size == layout.n_words(values.size, bits)
+    lanes = -(-word_bits // 64)
+    assert packed.shape == ((layout.n_words(values.size, bits),) if lanes == 1 else
+                            (layout.n_words(values.size, bits), lanes)) and layout.lanes == lanes
+    assert from_array(packed) == ref_pack([int(v) for v in values.ravel()], bits, word_bits)
     back = layout.unpack(packed, bits, values.size)
     assert [int(x) for x in back] == [int(v) % 2 ** bits for v in values.ravel()]
 
@@ -43,7 +49,31 @@ def test_documented_order_eight_int8_per_word() -> None:
     assert int(packed[0]) == 0x0807060504030201 and int(packed[1]) == 0x09
 
 
-@pytest.mark.parametrize(("bits", "word_bits"), [(8, 64), (6, 24), (32, 64), (4, 16)])
+def test_sixteen_int8_and_four_float32_per_128_bit_word_round_trip() -> None:
+    layout = WordLayout(128)
+    codes = np.arange(-17, 17, dtype=np.int8)  # 34 codes: three words, the last padded
+    packed = layout.pack(codes, 8)
+    assert packed.shape == (3, 2) and layout.per_word(8) == 16
+    assert from_array(packed)[0] == int.from_bytes(codes[:16].tobytes(), "little")
+    assert from_array(packed)[2] == int.from_bytes(codes[32:].tobytes(), "little")
+    back = layout.unpack(packed, 8, codes.size).astype(np.uint8).view(np.int8)
+    assert np.array_equal(back, codes)
+    fmt = bf.Float("float32")
+    x = np.random.default_rng(0).normal(size=(3, 5)).astype(np.float32)
+    words = fmt.encode(x)
+    packed = layout.pack(words, 32)
+    assert packed.shape == (4, 2) and layout.per_word(32) == 4
+    assert from_array(packed)[0] == int.from_bytes(x.ravel()[:4].tobytes(), "little")
+    back = layout.unpack(packed, 32, words.size).astype(np.uint32).view(np.int32)
+    np.testing.assert_array_equal(fmt.decode(back.reshape(x.shape)), x)
+    assert [int(w) for w in layout.pack(words, 32, which=[3, 1])[:, 0]] == \
+        [int(packed[3, 0]), int(packed[1, 0])]
+    assert np.array_equal(layout.fields(to_array([1 << 127], 128), 32),
+                          [[0, 0, 0, 1 << 31]])
+
+
+@pytest.mark.parametrize(("bits", "word_bits"), [(8, 64), (6, 24), (32, 64), (4, 16),
+                                                 (24, 96), (8, 128)])
 def test_index_maps_agree_with_pack(bits: int, word_bits: int) -> None:
     layout = WordLayout(word_bits)
     n = 11
@@ -51,10 +81,9 @@ def test_index_maps_agree_with_pack(bits: int, word_bits: int) -> None:
         for bit in range(bits):
             values = np.zeros(n, np.int64)
             values[element] = 1 << bit
-            packed = layout.pack(values, bits)
+            packed = from_array(layout.pack(values, bits))
             w, b = layout.memory_bit(element, bit, bits)
-            assert [int(x) for x in packed] == [1 << int(b) if i == w else 0
-                                                for i in range(packed.size)]
+            assert packed == [1 << int(b) if i == w else 0 for i in range(len(packed))]
             e2, b2 = layout.element_bit(w, b, bits)
             assert (int(e2), int(b2)) == (element, bit)
 
@@ -76,10 +105,24 @@ def test_bad_input_is_named() -> None:
     with pytest.raises(ArgumentError) as e:
         WordLayout(64).pack(np.zeros(3, np.int8), 6)
     assert e.value.argument == "word_bits"
-    for bad in (7, 65, True):
+    for bad in (7, 257, 264, True):
         with pytest.raises(ArgumentError) as e:
             WordLayout(bad)
         assert e.value.argument == "word_bits"
+    for word_bits, bits in ((128, 24), (72, 16), (256, 3)):  # no whole number of elements
+        with pytest.raises(ArgumentError) as e:
+            WordLayout(word_bits).per_word(bits)
+        assert e.value.argument == "word_bits" and str(bits) in e.value.allowed
+    with pytest.raises(ArgumentError) as e:
+        WordLayout(128).unpack(np.zeros(4, np.uint64), 8, 4)  # wide words need lanes
+    assert e.value.argument == "memory_words"
+    for bad in (0, -2, True, 1.5):
+        with pytest.raises(ArgumentError) as e:
+            WordLayout(64, interleave=bad)
+        assert e.value.argument == "interleave"
+    with pytest.raises(ArgumentError) as e:
+        WordLayout(64, row_words=6, interleave=4)
+    assert e.value.argument == "interleave" and "row_words" in e.value.allowed
     with pytest.raises(ArgumentError) as e:
         WordLayout(64, row_words=0)
     assert e.value.argument == "row_words"
@@ -94,8 +137,13 @@ def test_bad_input_is_named() -> None:
 
 
 def test_dict_round_trip() -> None:
-    for layout in (WordLayout(), WordLayout(32, 128)):
+    for layout in (WordLayout(), WordLayout(32, 128), WordLayout(128, 8, 4),
+                   WordLayout(64, None, 2)):
         assert WordLayout.from_dict(layout.to_dict()) == layout
+    # interleave is recorded only when it is not 1 (earlier layouts keep their dicts)
+    assert WordLayout(64, 16).to_dict() == {"word_bits": 64, "row_words": 16}
+    assert WordLayout(64, 16, 4).to_dict() == {"word_bits": 64, "row_words": 16,
+                                               "interleave": 4}
 
 
 def test_pack_does_not_change_its_input() -> None:

@@ -9,8 +9,18 @@ number of elements is refused. The last word of a plane is padded with zero elem
 that no tensor element uses. Memory words form rows of ``row_words`` words (``None``:
 the whole plane is one row); rows matter to column and row fault patterns.
 
-The memory word here is the data part (``word_bits`` <= 64 bits, one ``uint64``); a
+The memory word here is the data part (``word_bits`` 8..256 bits): up to 64 bits one
+``uint64`` (arrays ``(n,)``), wider words ``(n, lanes)`` uint64 lanes, LSB first
+(``bitfault.lanes``: 16 int8 codes or 4 float32 values per 128-bit word, two lanes); a
 protection code adds its check bits beside it (``bitfault.protection``).
+
+Interleaving (``interleave=d``, default 1): ``d`` consecutive code words (a group:
+words ``g*d .. g*d+d-1``) share one physical segment bit by bit, so physical bit ``q``
+of group ``g`` is physical bit ``q // d`` of word ``g*d + q % d`` (a code word's physical
+bits: its data bits, then its check bits). Physically adjacent bits then belong to
+different code words. Patterns that are physical in extent (multi-bit upsets, columns)
+read ``d``; a plane whose last group is short leaves its missing words empty (faults
+there hit no word of the plane). ``row_words`` must be a multiple of ``d``.
 """
 
 from __future__ import annotations
@@ -21,22 +31,34 @@ from typing import Any
 
 import numpy as np
 
+from bitfault import lanes as ln
 from bitfault.errors import ArgumentError, ArgumentTypeError, check_int
 
 MAX_ELEMENT_BITS = 32
+_KEYS = ("word_bits", "row_words", "interleave")
 
 
 @dataclass(frozen=True)
 class WordLayout:
-    """Memory words of ``word_bits`` data bits (8..64) in rows of ``row_words`` words."""
+    """Memory words of ``word_bits`` data bits (8..256) in rows of ``row_words`` words,
+    ``interleave`` code words bit-interleaved per physical segment."""
 
     word_bits: int = 64
     row_words: int | None = None
+    interleave: int = 1
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "word_bits", check_int(self.word_bits, "word_bits", 8, 64))
+        object.__setattr__(self, "word_bits",
+                           check_int(self.word_bits, "word_bits", 8, ln.MAX_WORD_BITS))
         if self.row_words is not None:
             object.__setattr__(self, "row_words", check_int(self.row_words, "row_words", 1))
+        object.__setattr__(self, "interleave",
+                           check_interleave(self.interleave, self.row_words))
+
+    @property
+    def lanes(self) -> int:
+        """uint64 lanes per memory word (1 up to 64 bits: then arrays are ``(n,)``)."""
+        return ln.lanes(self.word_bits)
 
     # ---- sizes --------------------------------------------------------------------------
 
@@ -77,8 +99,9 @@ class WordLayout:
     # ---- data -----------------------------------------------------------------------------
 
     def pack(self, words: Any, bits: int, which: Any = None) -> np.ndarray:
-        """The memory words (uint64) of a plane: its elements' low ``bits`` bits, flat in C
-        order, ``per_word(bits)`` to a word, element 0 in the low bits. ``which``: only
+        """The memory words of a plane (uint64 ``(n,)``; ``(n, lanes)`` above 64 bits): its
+        elements' low ``bits`` bits, flat in C order, ``per_word(bits)`` to a word, element
+        0 in the low bits. ``which``: only
         the memory words at these indices (at the cost of those words alone)."""
         k = self.per_word(bits)
         arr = np.asarray(words)
@@ -98,18 +121,32 @@ class WordLayout:
         values = np.zeros(elements.shape, np.uint64)
         values[inside] = flat[elements[inside]].astype(np.int64).view(np.uint64)
         values &= np.uint64((1 << bits) - 1)
+        if ln.is_wide(self.word_bits):
+            return ln.join_fields(values, bits, self.lanes)
         shifts = np.arange(k, dtype=np.uint64) * np.uint64(bits)
         return np.bitwise_or.reduce(values << shifts, axis=1)
 
     def unpack(self, memory_words: Any, bits: int, n: int) -> np.ndarray:
         """The first ``n`` element patterns (uint64, the unsigned ``bits``-bit words) held
         in ``memory_words``; the inverse of ``pack`` up to the container's sign."""
-        k = self.per_word(bits)
-        mem = np.asarray(memory_words, dtype=np.uint64).reshape(-1)
-        n = check_int(n, "n", 0, mem.size * k)
-        shifts = np.arange(k, dtype=np.uint64) * np.uint64(bits)
-        parts = (mem[:, None] >> shifts) & np.uint64((1 << bits) - 1)
+        parts = self.fields(memory_words, bits)
+        n = check_int(n, "n", 0, parts.size)
         return parts.reshape(-1)[:n]
+
+    def fields(self, memory_words: Any, bits: int) -> np.ndarray:
+        """The ``(n_words, per_word(bits))`` element patterns (uint64) of memory words
+        (``(n,)`` uint64, or ``(n, lanes)`` for words wider than 64 bits)."""
+        k = self.per_word(bits)
+        mem = np.asarray(memory_words, dtype=np.uint64)
+        if ln.is_wide(self.word_bits):
+            if mem.ndim != 2 or mem.shape[1] != self.lanes:
+                raise ArgumentError("memory_words", memory_words,
+                                    f"an (n, {self.lanes}) uint64 array of "
+                                    f"{self.word_bits}-bit words", tail=f", got {mem.shape}")
+            return ln.split_fields(mem, bits, k)
+        mem = mem.reshape(-1)
+        shifts = np.arange(k, dtype=np.uint64) * np.uint64(bits)
+        return (mem[:, None] >> shifts) & np.uint64((1 << bits) - 1)
 
     # ---- index maps -------------------------------------------------------------------------
 
@@ -139,18 +176,34 @@ class WordLayout:
     # ---- dict form -------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        return {"word_bits": self.word_bits, "row_words": self.row_words}
+        """``word_bits``, ``row_words`` and ``interleave`` (left out when 1, so layouts
+        from before interleaving keep their digests)."""
+        out: dict[str, Any] = {"word_bits": self.word_bits, "row_words": self.row_words}
+        if self.interleave != 1:
+            out["interleave"] = self.interleave
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> WordLayout:
         """The layout ``to_dict`` wrote."""
         if not isinstance(d, Mapping):
-            raise ArgumentTypeError("layout", d, "a mapping with word_bits and row_words")
-        extra = sorted(set(d) - {"word_bits", "row_words"})
+            raise ArgumentTypeError("layout", d, f"a mapping with keys of {_KEYS}")
+        extra = sorted(set(d) - set(_KEYS))
         if extra:
-            raise ArgumentError("layout", dict(d), "a mapping with keys word_bits, row_words",
+            raise ArgumentError("layout", dict(d), f"a mapping with keys of {_KEYS}",
                                 tail=f", got unknown keys {extra}")
         return cls(**d)
 
 
-__all__ = ["WordLayout"]
+def check_interleave(interleave: Any, row_words: int | None) -> int:
+    """``interleave`` as an int >= 1 that divides ``row_words`` (when rows are given)."""
+    d = check_int(interleave, "interleave", 1)
+    if row_words is not None and row_words % d:
+        raise ArgumentError("interleave", interleave, f"a divisor of row_words ({row_words})",
+                            requirement=f"interleave must divide row_words: a row of "
+                                        f"{row_words} words holds whole groups of "
+                                        f"interleaved words", tail=f", got {interleave}")
+    return d
+
+
+__all__ = ["WordLayout", "check_interleave"]

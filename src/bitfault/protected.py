@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from bitfault import lanes as ln
 from bitfault.errors import ArgumentError, ArgumentTypeError
 from bitfault.layout import WordLayout
 from bitfault.maps.faultmap import FaultMap
@@ -81,7 +82,8 @@ def _scheme(protection: Any) -> Protection:
 def stored_words(words: Any, bits: int, layout: WordLayout, protection: Protection,
                  which: Any = None) -> tuple[np.ndarray, np.ndarray]:
     """The clean physical words of a plane: (data, check) uint64 memory words (only those
-    at ``which`` if given), e.g. for ``Asymmetric`` patterns, which need the stored bits."""
+    at ``which`` if given; data ``(n, lanes)`` above 64 bits), e.g. for ``Asymmetric``
+    patterns, which need the stored bits."""
     data = layout.pack(words, bits, which)
     return data, _scheme(protection).encode(data, layout.word_bits)
 
@@ -92,19 +94,25 @@ def _check_faults(faults: Any, n_words: int, data_bits: int, check_bits: int) ->
     if len(faults) and faults.indices[-1] >= n_words:
         raise ArgumentError("faults", faults, f"word indices in 0..{n_words - 1}",
                             tail=f", got {int(faults.indices[-1])}")
+    lanes = ln.lanes(data_bits)
+    if faults.lanes != lanes and len(faults):
+        raise ArgumentError("faults", faults, f"data masks of {lanes} uint64 lane(s) "
+                            f"({data_bits}-bit words)", tail=f", got {faults.lanes}")
     for part, width in (("data", data_bits), ("check", check_bits)):
         masks = getattr(faults, part)
+        if masks.ndim == 2:  # wide: the top lane holds the last bits
+            masks, width = masks[:, -1], data_bits - ln.LANE * (lanes - 1)
         if width < 64 and masks.size and int(masks.max()) >> width:
             raise ArgumentError("faults", faults, f"{part} masks of {width} bits",
                                 tail=f", got {int(masks.max()):#x}")
     return faults
 
 
-def _element_map(shape: tuple[int, ...], words: np.ndarray, errors: np.ndarray, k: int,
-                 bits: int, name: str, meta: dict[str, Any]) -> FaultMap:
+def _element_map(shape: tuple[int, ...], words: np.ndarray, errors: np.ndarray,
+                 layout: WordLayout, bits: int, name: str, meta: dict[str, Any]) -> FaultMap:
     """The FaultMap of the elements that ``errors`` (one per memory word) touch."""
-    shifts = np.arange(k, dtype=np.uint64) * np.uint64(bits)
-    masks = (errors[:, None] >> shifts) & np.uint64((1 << bits) - 1)
+    k = layout.per_word(bits)
+    masks = layout.fields(errors, bits)
     elements = words[:, None] * k + np.arange(k, dtype=np.int64)
     keep = masks != 0
     return FaultMap(shape, elements[keep], masks[keep].astype(np.uint32), name, meta)
@@ -131,21 +139,25 @@ def decode_faults(words: Any, bits: int, layout: WordLayout, protection: Protect
     which = faults.indices
     clean, check = stored_words(arr, bits, layout, scheme, which)
     decoded, status = scheme.decode(clean ^ faults.data, check ^ faults.check, data_bits)
-    used = np.full(which.size, np.uint64((1 << data_bits) - 1))
+    wide = ln.is_wide(data_bits)
+    full = ln.low_mask(data_bits)
+    used = np.broadcast_to(full, (which.size, *np.shape(full))).copy()
     if which.size and which[-1] == n_words - 1:  # the padded last word
-        used[-1] = np.uint64(layout.used_mask(n_words - 1, arr.size, bits))
+        last = layout.used_mask(n_words - 1, arr.size, bits)
+        used[-1] = ln.from_ints([last], data_bits)[0] if wide else np.uint64(last)
     errors = (decoded ^ clean) & used
+    wrong = errors.any(axis=1) if wide else errors != 0
     due = status == DUE
     outcomes = Outcomes(bit_errors=faults.bit_errors(), words=int(which.size),
-                        corrected=int(((status == CORRECTED) & (errors == 0)).sum()),
-                        due=int(due.sum()), silent=int((~due & (errors != 0)).sum()))
+                        corrected=int(((status == CORRECTED) & ~wrong).sum()),
+                        due=int(due.sum()), silent=int((~due & wrong).sum()))
     meta = {"source": "protection", "protection": scheme.to_dict(),
             "layout": layout.to_dict()}
     shape = arr.shape
     zero = due & (getattr(scheme, "policy", "flag") == "zero")
-    xor = _element_map(shape, which, errors, k, bits, name, meta)
-    flips = _element_map(shape, which[~zero], errors[~zero], k, bits, name, meta)
-    zeroed = _element_map(shape, which[zero], used[zero], k, bits, name, meta)
+    xor = _element_map(shape, which, errors, layout, bits, name, meta)
+    flips = _element_map(shape, which[~zero], errors[~zero], layout, bits, name, meta)
+    zeroed = _element_map(shape, which[zero], used[zero], layout, bits, name, meta)
     return DecodedFaults(xor, flips, zeroed, outcomes)
 
 
@@ -185,7 +197,7 @@ def draw_decoded_map(shape: tuple[int, ...], bits: int, *, rate: float, seed: in
     n_words = layout.n_words(n, bits)
     faults = pattern_at(pattern, rate).draw(
         n_words, layout.word_bits, scheme.check_bits(layout.word_bits), seed=seed, name=name,
-        step=step, row_words=layout.row_words)
+        step=step, row_words=layout.row_words, interleave=layout.interleave)
     decoded = decode_faults(np.zeros(shape, np.int64), bits, layout, scheme, faults, name)
     fmap = decoded.flips
     meta = {**fmap.meta, "seed": seed, "step": step, "rate": rate,

@@ -1,7 +1,9 @@
 """Protection codes on memory words: none, even parity, SEC-DED (extended Hamming).
 
-A memory word holds ``data_bits`` data bits (8..64, in a NumPy ``uint64``) and
-``check_bits(data_bits)`` check bits (another ``uint64``, check bit ``j`` at bit ``j``).
+A memory word holds ``data_bits`` data bits (8..256: one NumPy ``uint64`` up to 64 bits,
+arrays ``(n,)``; ``(n, lanes)`` uint64 lanes above, ``bitfault.lanes``) and
+``check_bits(data_bits)`` check bits (one ``uint64`` per word, check bit ``j`` at bit
+``j``: at most 10 of them).
 ``encode`` computes the check bits of clean words; ``decode`` takes the received data and
 check bits and returns the decoded data and a status per word: ``OK`` (0), ``CORRECTED``
 (1) or ``DUE`` (2, detected but uncorrectable). What happens to a detected word is the
@@ -9,7 +11,8 @@ scheme's ``policy``: ``"flag"`` keeps the received data (the trial counts a DUE)
 ``"zero"`` makes the data word 0.
 
 SEC-DED is the textbook extended Hamming code: Hamming(2^r - 1) shortened to the data
-width plus an overall parity bit, (13,8), (22,16), (39,32), (72,64). In the 1-based
+width plus an overall parity bit, (13,8), (22,16), (39,32), (72,64), (137,128),
+(266,256). In the 1-based
 codeword, Hamming check bit ``i`` sits at position ``2^i`` and the data bits, LSB first,
 fill the other positions in order; check bit ``i`` is the even parity of the positions
 with bit ``i`` set, and the overall parity bit (check bit ``r``) covers everything. The
@@ -27,11 +30,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from bitfault import lanes as ln
 from bitfault.errors import ArgumentError, ArgumentTypeError, check_choice, check_int
 
 OK, CORRECTED, DUE = 0, 1, 2
 POLICIES = ("flag", "zero")
-MIN_DATA_BITS, MAX_DATA_BITS = 8, 64
+MIN_DATA_BITS, MAX_DATA_BITS = 8, ln.MAX_WORD_BITS
 _ONE = np.uint64(1)
 
 
@@ -45,7 +49,8 @@ def _low(bits: int) -> np.uint64:
 
 
 def _words(values: Any, argument: str, bits: int) -> np.ndarray:
-    """``values`` as a uint64 array whose words fit in ``bits`` bits; else ArgumentError."""
+    """``values`` as a uint64 array whose words fit in ``bits`` bits (``(..., lanes)``
+    above 64 bits); else ArgumentError."""
     arr = np.asarray(values)
     if arr.dtype.kind not in "iu":
         raise ArgumentTypeError(argument, values, "an integer array",
@@ -54,21 +59,47 @@ def _words(values: Any, argument: str, bits: int) -> np.ndarray:
         raise ArgumentError(argument, values, f"unsigned words of {bits} bits",
                             tail=", got negative values")
     arr = arr.astype(np.uint64, copy=False)
-    if bits < 64 and arr.size and int(arr.max()) >> bits:
+    top = bits
+    if ln.is_wide(bits):
+        lanes = ln.lanes(bits)
+        if arr.ndim < 1 or arr.shape[-1] != lanes:
+            raise ArgumentError(argument, values, f"words of {bits} bits as (n, {lanes}) "
+                                "uint64 lanes", tail=f", got shape {arr.shape}")
+        top = bits - ln.LANE * (lanes - 1)
+        high = arr[..., -1]
+    else:
+        high = arr
+    if top < 64 and high.size and int(high.max()) >> top:
         raise ArgumentError(argument, values, f"words of at most {bits} bits",
-                            tail=f", got {int(arr.max()):#x}")
+                            tail=f", got a word above {bits} bits")
     return arr
 
 
 def parity(words: np.ndarray) -> np.ndarray:
-    """The even parity (0 or 1, uint64) of each uint64 word."""
-    return (np.bitwise_count(words) & np.uint8(1)).astype(np.uint64)
+    """The even parity (0 or 1, uint64) of each uint64 word (of each row of lanes of a
+    2-D array of wide words)."""
+    return ln.parity(words)
+
+
+def _checks_like(data: np.ndarray, bits: int) -> tuple[int, ...]:
+    """The shape of the check words of ``data``: one per word."""
+    return data.shape[:-1] if ln.is_wide(bits) else data.shape
 
 
 def _apply_policy(data: np.ndarray, status: np.ndarray, policy: str) -> np.ndarray:
     if policy == "zero":
-        data = np.where(status == DUE, np.uint64(0), data)
+        due = status == DUE
+        data = np.where(due[..., None] if data.ndim > status.ndim else due, np.uint64(0), data)
     return data
+
+
+def _check_words(check: Any, data: np.ndarray, bits: int, check_bits: int) -> np.ndarray:
+    c = _words(check, "check", check_bits)
+    shape = _checks_like(data, bits)
+    if c.shape != shape:
+        raise ArgumentError("check", check, f"one check word per data word ({shape})",
+                            tail=f", got shape {c.shape}")
+    return c
 
 
 def _policy(policy: Any) -> str:
@@ -112,13 +143,15 @@ class NoProtection(_Scheme):
 
     def encode(self, data: Any, data_bits: int) -> np.ndarray:
         """Zero check words, one per data word."""
-        d = _words(data, "data", _data_bits(data_bits))
-        return np.zeros(d.shape, np.uint64)
+        bits = _data_bits(data_bits)
+        d = _words(data, "data", bits)
+        return np.zeros(_checks_like(d, bits), np.uint64)
 
     def decode(self, data: Any, check: Any, data_bits: int) -> tuple[np.ndarray, np.ndarray]:
         """The received data as is, every status ``OK``."""
-        d = _words(data, "data", _data_bits(data_bits))
-        return d.copy(), np.zeros(d.shape, np.uint8)
+        bits = _data_bits(data_bits)
+        d = _words(data, "data", bits)
+        return d.copy(), np.zeros(_checks_like(d, bits), np.uint8)
 
 
 
@@ -147,10 +180,7 @@ class Parity(_Scheme):
         by the ``"zero"`` policy."""
         bits = _data_bits(data_bits)
         d = _words(data, "data", bits)
-        c = _words(check, "check", 1)
-        if c.shape != d.shape:
-            raise ArgumentError("check", check, f"one check word per data word ({d.shape})",
-                                tail=f", got shape {c.shape}")
+        c = _check_words(check, d, bits, 1)
         status = np.where(parity(d) ^ c, DUE, OK).astype(np.uint8)
         return _apply_policy(d.copy(), status, self.policy), status
 
@@ -161,8 +191,9 @@ class _Hamming:
     """The tables of one SEC-DED code: check bits, data masks, syndrome -> data bit."""
 
     r: int
-    masks: tuple[np.uint64, ...]  # masks[i]: the data bits check bit i covers
+    masks: tuple[Any, ...]  # masks[i]: the data bits check bit i covers (a (lanes,) row wide)
     data_of: np.ndarray  # syndrome -> data bit; -1: a check bit (0: the parity); -2: none
+    wide: bool  # words of more than 64 bits: (n, lanes) arrays
 
 
 _HAMMING: dict[int, _Hamming] = {}
@@ -181,18 +212,19 @@ def _hamming(data_bits: int) -> _Hamming:
     code = _HAMMING.get(data_bits)
     if code is None:
         r, positions = hamming_positions(data_bits)
-        masks = tuple(np.uint64(sum(1 << j for j, p in enumerate(positions) if p >> i & 1))
-                      for i in range(r))
+        ints = [sum(1 << j for j, p in enumerate(positions) if p >> i & 1) for i in range(r)]
+        masks = (tuple(ln.from_ints(ints, data_bits)) if ln.is_wide(data_bits)
+                 else tuple(np.uint64(m) for m in ints))
         data_of = np.full(1 << r, -2, np.int64)
         data_of[[0, *(1 << i for i in range(r))]] = -1  # 0: the overall parity bit
         data_of[positions] = np.arange(data_bits)
-        code = _HAMMING[data_bits] = _Hamming(r, masks, data_of)
+        code = _HAMMING[data_bits] = _Hamming(r, masks, data_of, ln.is_wide(data_bits))
     return code
 
 
 def _syndrome(code: _Hamming, data: np.ndarray) -> np.ndarray:
     """The Hamming check bits of ``data`` (bit ``i`` = check bit ``i``)."""
-    out = np.zeros(data.shape, np.uint64)
+    out = np.zeros(data.shape[:-1] if code.wide else data.shape, np.uint64)
     for i, mask in enumerate(code.masks):
         out |= parity(data & mask) << np.uint64(i)
     return out
@@ -231,20 +263,23 @@ class SecDed(_Scheme):
         bits = _data_bits(data_bits)
         code = _hamming(bits)
         d = _words(data, "data", bits)
-        c = _words(check, "check", code.r + 1)
-        if c.shape != d.shape:
-            raise ArgumentError("check", check, f"one check word per data word ({d.shape})",
-                                tail=f", got shape {c.shape}")
+        c = _check_words(check, d, bits, code.r + 1)
         syndrome = _syndrome(code, d) ^ (c & _low(code.r))
         odd = (parity(d) ^ parity(c)).astype(bool)
         target = code.data_of[syndrome.astype(np.int64)]
-        status = np.full(d.shape, OK, np.uint8)
+        status = np.full(c.shape, OK, np.uint8)
         status[odd] = CORRECTED  # a single error: in a data bit, a check bit or the parity
         status[odd & (target == -2)] = DUE  # the syndrome names no position of the code
         status[~odd & (syndrome != 0)] = DUE  # an even number of errors
         fix = odd & (target >= 0)
         out = d.copy()
-        out[fix] ^= _ONE << target[fix].astype(np.uint64)
+        if ln.is_wide(bits):
+            rows = np.flatnonzero(fix.reshape(-1))
+            lane, shift = np.divmod(target.reshape(-1)[rows], ln.LANE)
+            flat = out.reshape(-1, out.shape[-1])
+            flat[rows, lane] ^= _ONE << shift.astype(np.uint64)
+        else:
+            out[fix] ^= _ONE << target[fix].astype(np.uint64)
         return _apply_policy(out, status, self.policy), status
 
 

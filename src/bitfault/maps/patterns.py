@@ -1,11 +1,18 @@
 """Fault patterns over memory words: which physical bits of which words are faulty.
 
 A physical memory word is ``data_bits + check_bits`` wide: bits ``0..data_bits-1`` are
-its data bits (``bitfault.layout``), the bits above them its check bits, in that order
-(``bitfault.protection``). A pattern's ``draw`` returns ``WordFaults``: sorted word
-indices with a data mask and a check mask (both uint64: a 72-bit word does not fit one)
-of the bits that are faulty. A bit hit twice is faulty once (masks are OR-ed), so every
-pattern is nested in its rates.
+its data bits (``bitfault.layout``, up to 256), the bits above them its check bits, in
+that order (``bitfault.protection``). A pattern's ``draw`` returns ``WordFaults``
+(``maps.wordfaults``): sorted word indices with a data mask (uint64, or ``(n, lanes)``
+uint64 lanes above 64 data bits) and a check mask (uint64: a 72-bit word does not fit
+one) of the bits that are faulty. A bit hit twice is faulty once (masks are OR-ed), so
+every pattern is nested in its rates.
+
+Interleaving (``draw(..., interleave=d)``, ``WordLayout.interleave``): ``d`` code words
+share a physical segment of ``d * width`` bits, physical bit ``q`` being bit ``q // d`` of
+word ``q % d`` of the group. Multi-bit upsets and columns are drawn in physical
+positions; independent bits, rows and asymmetric cells are per bit or per word and keep
+their law (and their draws). ``d = 1`` draws exactly what it drew before interleaving.
 
 Every draw comes from the sampler's PCG64 streams (``bitfault.maps.sampling``), keyed by
 (seed, name, step), at a cost proportional to the faults, through one Poisson process
@@ -16,11 +23,13 @@ a higher rate's.
 
 - ``IndependentBits(ber)``: every physical bit independently (today's maps, in words:
   with no check bits and no padding, the same cells as ``FaultMap.random``);
-- ``MultiBitUpset(rate, sizes)``: events per word (a word has at least one with
-  probability ``rate``), each flipping ``k`` adjacent physical bits of one word, ``k``
-  drawn from ``sizes``, its first bit uniform in ``0..width-k``: never across words;
-- ``ColumnFaults(rate)``: each (row, bit position) faulty with probability ``rate``; a
-  faulty column hits that bit in every word of the row;
+- ``MultiBitUpset(rate, sizes)``: events per word slot (a slot has at least one with
+  probability ``rate``), each flipping ``k`` adjacent physical bits of the slot's segment
+  (its word; with interleaving its group's ``d * width`` bits), ``k`` drawn from
+  ``sizes``, its first bit uniform in ``0..d*width-k``: never across segments;
+- ``ColumnFaults(rate)``: each (row, physical bit position of a segment) faulty with
+  probability ``rate``; a faulty column hits that bit in every segment of the row (with
+  ``d = 1``: that bit of every word);
 - ``RowFaults(rate)``: each row faulty with probability ``rate``; a faulty row hits every
   bit of its words (``row_words=1``: whole-word faults);
 - ``Asymmetric(p10, p01)``: each stored 1 fails (reads 0) with probability ``p10``, each
@@ -36,61 +45,17 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from bitfault import lanes as ln
 from bitfault.errors import ArgumentError, ArgumentTypeError, check_choice, check_int, check_rate
+from bitfault.layout import check_interleave
 from bitfault.maps.sampling import _hits, cell_stream
-
-_ONE = np.uint64(1)
-
-
-@dataclass(frozen=True, eq=False)
-class WordFaults:
-    """Faulty physical bits: sorted distinct word ``indices``, ``data`` and ``check``
-    masks (uint64) for each."""
-
-    indices: np.ndarray
-    data: np.ndarray
-    check: np.ndarray
-
-    def __post_init__(self) -> None:
-        idx = np.asarray(self.indices, dtype=np.int64).reshape(-1)
-        data = np.asarray(self.data, dtype=np.uint64).reshape(-1)
-        check = np.asarray(self.check, dtype=np.uint64).reshape(-1)
-        if not idx.shape == data.shape == check.shape:
-            raise ArgumentError("indices", self.indices, "one data and one check mask each",
-                                tail=f", got {idx.size}, {data.size} and {check.size}")
-        if idx.size and (idx[0] < 0 or np.any(np.diff(idx) <= 0)):
-            raise ArgumentError("indices", self.indices, "sorted distinct word indices >= 0")
-        for key, value in (("indices", idx), ("data", data), ("check", check)):
-            object.__setattr__(self, key, value)
-
-    def __len__(self) -> int:
-        return int(self.indices.size)
-
-    def bit_errors(self) -> int:
-        """The faulty physical bits, data and check."""
-        return int(np.bitwise_count(self.data).sum()) + int(np.bitwise_count(self.check).sum())
-
-    @classmethod
-    def empty(cls) -> WordFaults:
-        return cls(np.zeros(0, np.int64), np.zeros(0, np.uint64), np.zeros(0, np.uint64))
-
-
-def word_faults(cells: np.ndarray, width: int, data_bits: int) -> WordFaults:
-    """``WordFaults`` of faulty cells (repeats allowed), cell ``c`` being physical bit
-    ``c % width`` of word ``c // width``."""
-    if not cells.size:
-        return WordFaults.empty()
-    cells = np.unique(cells.astype(np.int64, copy=False))
-    words, pos = np.divmod(cells, width)
-    in_data = pos < data_bits
-    shift = np.where(in_data, pos, pos - data_bits).astype(np.uint64)
-    bit = _ONE << shift
-    zero = np.uint64(0)
-    data_bit, check_bit = np.where(in_data, bit, zero), np.where(in_data, zero, bit)
-    first = np.r_[True, words[1:] != words[:-1]]
-    starts = np.flatnonzero(first)
-    return WordFaults(words[starts], np.bitwise_or.reduceat(data_bit, starts),
-                      np.bitwise_or.reduceat(check_bit, starts))
+from bitfault.maps.wordfaults import (
+    WordFaults,
+    bit_values,
+    full_masks,
+    interleaved_cells,
+    word_faults,
+)
 
 
 def _stream(seed: int, name: str, tag: str, step: int | None) -> np.random.Generator:
@@ -115,7 +80,8 @@ def poisson_cells(n: int, p: float, rng: np.random.Generator) -> np.ndarray:
 
 
 def _check_geometry(n_words: Any, data_bits: Any, check_bits: Any) -> tuple[int, int, int]:
-    return (check_int(n_words, "n_words", 0), check_int(data_bits, "data_bits", 1, 64),
+    return (check_int(n_words, "n_words", 0),
+            check_int(data_bits, "data_bits", 1, ln.MAX_WORD_BITS),
             check_int(check_bits, "check_bits", 0, 64))
 
 
@@ -146,6 +112,7 @@ class _Request:
     step: int | None
     row_words: int | None
     stored: tuple[np.ndarray, np.ndarray] | None
+    interleave: int = 1
 
     @property
     def width(self) -> int:
@@ -160,11 +127,16 @@ class _Pattern:
 
     def draw(self, n_words: int, data_bits: int, check_bits: int = 0, *, seed: int = 0,
              name: str = "", step: int | None = None, row_words: int | None = None,
-             stored: tuple[np.ndarray, np.ndarray] | None = None) -> WordFaults:
-        """The faulty bits of ``n_words`` words of ``data_bits + check_bits`` bits."""
+             stored: tuple[np.ndarray, np.ndarray] | None = None,
+             interleave: int = 1) -> WordFaults:
+        """The faulty bits of ``n_words`` words of ``data_bits + check_bits`` bits, in rows
+        of ``row_words`` words, ``interleave`` words per physical segment."""
         n, data_bits, check_bits = _check_geometry(n_words, data_bits, check_bits)
+        if row_words is not None:
+            row_words = check_int(row_words, "row_words", 1)
+        d = check_interleave(interleave, row_words)
         return self._draw(_Request(n, data_bits, check_bits, seed, name, step, row_words,
-                                   stored))
+                                   stored, d))
 
     def _draw(self, r: _Request) -> WordFaults:
         raise NotImplementedError
@@ -219,22 +191,28 @@ class MultiBitUpset(_Pattern):
         object.__setattr__(self, "sizes", {k: sizes[k] / total for k in sorted(sizes)})
 
     def _draw(self, r: _Request) -> WordFaults:
-        n, data_bits, width = r.n, r.data_bits, r.width
-        if max(self.sizes) > width:
-            raise ArgumentError("sizes", dict(self.sizes),
-                                f"sizes of at most the word's {width} bits",
+        n, data_bits, width, d = r.n, r.data_bits, r.width, r.interleave
+        segment = d * width
+        if max(self.sizes) > segment:
+            where = (f"the word's {width} bits" if d == 1 else
+                     f"the {segment} bits of {d} interleaved words of {width} bits")
+            raise ArgumentError("sizes", dict(self.sizes), f"sizes of at most {where}",
                                 tail=f", got {max(self.sizes)}")
         words = poisson_cells(n, self.rate, r.stream("mbu"))
         if not words.size:
-            return WordFaults.empty()
+            return WordFaults.empty(data_bits)
         # event j's size and first bit come from the j-th pair of uniforms: nested in rate
         u = r.stream("mbu-shape").random((words.size, 2))
         values = np.array(list(self.sizes), np.int64)
         cdf = np.cumsum(list(self.sizes.values()))
         k = values[np.minimum(np.searchsorted(cdf, u[:, 0], side="right"), values.size - 1)]
-        start = np.floor(u[:, 1] * (width - k + 1)).astype(np.int64)
+        start = np.floor(u[:, 1] * (segment - k + 1)).astype(np.int64)
         offsets = np.arange(int(k.sum())) - np.repeat(np.cumsum(k) - k, k)
-        cells = np.repeat(words * width + start, k) + offsets
+        if d == 1:
+            cells = np.repeat(words * width + start, k) + offsets
+        else:  # physical bits of the event's group segment
+            q = np.repeat(start, k) + offsets
+            cells = interleaved_cells(np.repeat(words // d, k), q, width, d, n)
         return word_faults(cells, width, data_bits)
 
     def __hash__(self) -> int:
@@ -256,13 +234,17 @@ class ColumnFaults(_Pattern):
         self._check_rates("rate")
 
     def _draw(self, r: _Request) -> WordFaults:
-        n, data_bits, width = r.n, r.data_bits, r.width
+        n, data_bits, width, d = r.n, r.data_bits, r.width, r.interleave
         n_rows, length = _rows(n, r.row_words)
-        columns = np.unique(poisson_cells(n_rows * width, self.rate,
+        segment = d * width  # a row's physical columns: those of one segment
+        columns = np.unique(poisson_cells(n_rows * segment, self.rate,
                                           r.stream("column")))
-        rows, pos = np.divmod(columns, width)
+        rows, q = np.divmod(columns, segment)
         words, owner = _row_words(rows, length, n)
-        return word_faults(words * width + pos[owner], width, data_bits)
+        if d > 1:  # rows start at whole groups: column q hits word q % d of each group
+            keep = words % d == q[owner] % d
+            words, owner = words[keep], owner[keep]
+        return word_faults(words * width + q[owner] // d, width, data_bits)
 
 
 @dataclass(frozen=True)
@@ -280,9 +262,7 @@ class RowFaults(_Pattern):
         n_rows, length = _rows(n, r.row_words)
         rows = np.unique(poisson_cells(n_rows, self.rate, r.stream("row")))
         words, _ = _row_words(rows, length, n)
-        full = np.uint64((1 << data_bits) - 1)
-        check = np.uint64((1 << check_bits) - 1)
-        return WordFaults(words, np.full(words.size, full), np.full(words.size, check))
+        return WordFaults(words, *full_masks(words.size, data_bits, check_bits))
 
 
 @dataclass(frozen=True)
@@ -299,7 +279,7 @@ class Asymmetric(_Pattern):
 
     def _draw(self, r: _Request) -> WordFaults:
         n, data_bits, width = r.n, r.data_bits, r.width
-        data, check = _stored(r.stored, n)
+        data, check = _stored(r.stored, n, data_bits)
         rates = (self.p01, self.p10)  # by the stored bit's value
         horizons = np.array([-math.inf if p <= 0 else math.inf if p >= 1 else
                              _horizon(p, n * width) for p in rates])
@@ -309,36 +289,32 @@ class Asymmetric(_Pattern):
             cells, times = _hits(n * width, r.stream("asymmetric"),
                                  float(finite.max()), with_times=True)
             cells = cells.astype(np.int64)
-            parts.append(cells[times < horizons[_bit_values(cells, width, data_bits,
-                                                            data, check)]])
+            parts.append(cells[times < horizons[bit_values(cells, width, data_bits,
+                                                           data, check)]])
         for value in (0, 1):
             if n and horizons[value] == math.inf:  # rate 1: every bit of that value
                 every = np.arange(n * width, dtype=np.int64)
-                parts.append(every[_bit_values(every, width, data_bits, data, check) == value])
+                parts.append(every[bit_values(every, width, data_bits, data, check) == value])
         cells = np.concatenate(parts) if parts else np.zeros(0, np.int64)
         return word_faults(cells, width, data_bits)
 
 
-def _stored(stored: Any, n: int) -> tuple[np.ndarray, np.ndarray]:
+def _stored(stored: Any, n: int, data_bits: int) -> tuple[np.ndarray, np.ndarray]:
+    lanes = ln.lanes(data_bits)
     if stored is None or len(stored) != 2:
         raise ArgumentError("stored", stored, "the stored (data, check) uint64 words",
                             requirement="Asymmetric faults need the stored words: "
                                         "stored=(data, check)", tail=", got none")
-    data, check = (np.asarray(s, dtype=np.uint64).reshape(-1) for s in stored)
-    if data.size != n or check.size != n:
+    data, check = (np.asarray(s, dtype=np.uint64) for s in stored)
+    if ln.is_wide(data_bits) and (data.ndim != 2 or data.shape[1] != lanes):
+        raise ArgumentError("stored", stored, f"(n, {lanes}) data words of {data_bits} bits",
+                            tail=f", got shape {data.shape}")
+    data = data if ln.is_wide(data_bits) else data.reshape(-1)
+    check = check.reshape(-1)
+    if data.shape[0] != n or check.size != n:
         raise ArgumentError("stored", stored, f"{n} data and {n} check words",
-                            tail=f", got {data.size} and {check.size}")
+                            tail=f", got {data.shape[0]} and {check.size}")
     return data, check
-
-
-def _bit_values(cells: np.ndarray, width: int, data_bits: int, data: np.ndarray,
-                check: np.ndarray) -> np.ndarray:
-    """The stored value (0 or 1) of each cell."""
-    words, pos = np.divmod(cells, width)
-    in_data = pos < data_bits
-    word = np.where(in_data, data[words], check[words])
-    shift = np.where(in_data, pos, pos - data_bits).astype(np.uint64)
-    return ((word >> shift) & _ONE).astype(np.int64)
 
 
 Pattern = IndependentBits | MultiBitUpset | ColumnFaults | RowFaults | Asymmetric
