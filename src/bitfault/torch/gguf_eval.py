@@ -7,7 +7,9 @@ so the campaign engine (``bitfault.campaign.run``) draws a trial's maps exactly 
 ``GGUFEvaluator`` scores a trial: its maps go through ``GGUFModel.inject_`` (the faulty
 planes dequantised into the transformers model, the previous trial's tensors put back),
 then the model runs on the token windows and an ``OutputMetric`` compares its logits with
-the clean run's.
+the clean run's. A trial whose faults lie in blocks ``>= k`` (``blk.N.`` tensors, mapped to
+the model's ``model.layers.N``) starts from the clean output of block ``k - 1``
+(``bitfault.torch.stack_reuse``, bounded by ``max_bytes``).
 """
 
 from __future__ import annotations
@@ -21,13 +23,14 @@ import numpy as np
 
 from bitfault.campaign.evaluator import Maps, check_max_bytes, digest_arrays
 from bitfault.campaign.metrics import OutputMetric, make_records
-from bitfault.errors import ArgumentError
+from bitfault.errors import ArgumentError, ArgumentTypeError
 from bitfault.faults import BitFlip
 from bitfault.formats import GGUF, BlockFormat, Format, plane_formats
 from bitfault.maps import FaultMap
 from bitfault.memory import Memory
 
 REPRESENTATIVE = GGUF("q4_1")  # every plane a GGUF block can have: codes, scale, min
+CLEAN = "gguf"  # the key of the clean run's block outputs: the file itself, any fault model
 
 
 @dataclass(frozen=True)
@@ -60,13 +63,19 @@ class GGUFFileMemory(Memory):
 
 class GGUFEvaluator:
     """``gm`` (a ``GGUFModel``) on token ``windows`` (N, T) scored by ``metric`` against
-    next-token ``labels`` (N, T); ``targets`` choose GGUF tensors (``GGUFMemory.select``)."""
+    next-token ``labels`` (N, T); ``targets`` choose GGUF tensors (``GGUFMemory.select``).
+    ``stack_reuse`` / ``stack``: as ``OutputEvaluator``'s (False: every trial runs whole)."""
 
     def __init__(self, gm: Any, windows: Any, labels: np.ndarray, *,
                  metric: OutputMetric | str = "language_model", targets: Any = "weights",
-                 batch_size: int | None = None, max_bytes: int = 256 << 20) -> None:
+                 batch_size: int | None = None, max_bytes: int = 256 << 20,
+                 stack_reuse: bool = True, stack: str | None = None) -> None:
         import torch
 
+        from bitfault.torch.stack_reuse import StackReuse
+
+        if not isinstance(stack_reuse, bool):
+            raise ArgumentTypeError("stack_reuse", stack_reuse, "True or False")
         self.gm = gm
         self.metric = metric if isinstance(metric, OutputMetric) else OutputMetric(metric)
         self.x = torch.as_tensor(np.asarray(windows, np.int64))
@@ -85,6 +94,8 @@ class GGUFEvaluator:
                                      formats={t: gm.memory.tensors[t].format for t in names})
         self._clean: dict[int, np.ndarray] = {}
         self._applied: Any = None
+        self.stack_reuse = stack_reuse
+        self.stack_cache = StackReuse(gm.model, stack, self.max_bytes)
         gm.restore_()
         first = self._outputs(self._batches[0])
         self.metric.check(first.shape, self.labels[self._batches[0]])
@@ -123,7 +134,12 @@ class GGUFEvaluator:
         if hit is None:
             self.gm.restore_()
             self._applied = None
-            hit = self._outputs(b)
+            if self.stack_reuse:
+                with self.stack_cache.capture(CLEAN, i, len(self._batches)):
+                    hit = self._outputs(b)
+                self.stack_cache.verify(CLEAN, i, lambda: self._outputs(b), hit)
+            else:
+                hit = self._outputs(b)
             if sum(v.nbytes for v in self._clean.values()) + hit.nbytes <= self.max_bytes:
                 self._clean[i] = hit
         return hit
@@ -143,10 +159,16 @@ class GGUFEvaluator:
                         self._applied = None
                         self.gm.inject_(active, memory.fault)
                         self._applied = active
-                    faulty = self._outputs(b)
+                    k = self._start(active) if self.stack_reuse else 0
+                    with self.stack_cache.reusing(CLEAN, i, k):
+                        faulty = self._outputs(b)
                 parts.append(make_records(self.metric, faulty, clean, self.labels[b]))
             out.append(np.concatenate(parts))
         return out
+
+    def _start(self, active: Maps) -> int:
+        """The first block a trial's faulty GGUF tensors reach (their parameters' blocks)."""
+        return self.stack_cache.start({self.gm.targets[n.partition(":")[0]] for n in active})
 
 
 __all__ = ["GGUFEvaluator", "GGUFFileMemory"]

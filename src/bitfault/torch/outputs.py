@@ -9,12 +9,15 @@ non-finite, corrupted). What a trial computes is ``TorchEvaluator``'s: every tar
 tensor stored in the memory's format, the trial's maps faulting theirs, the model's own
 forward in eval mode under ``torch.no_grad()``; a tied tensor is one memory. One copy of
 the model is kept and written in place; clean outputs are cached within ``max_bytes``
-(beyond it they are recomputed per batch).
+(beyond it they are recomputed per batch). A trial whose faults lie in blocks ``>= k`` of
+the model's stack of transformer blocks starts from the clean output of block ``k - 1``
+(``bitfault.torch.stack_reuse``; those outputs bounded by ``max_bytes`` too).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
@@ -25,6 +28,7 @@ from bitfault.errors import ArgumentTypeError
 from bitfault.formats import plane_formats
 from bitfault.memory import Memory
 from bitfault.torch.evaluate import TorchEvaluator, faulty_in
+from bitfault.torch.stack_reuse import StackReuse, find_stack
 
 
 def model_output(out: Any, batch: Any = None) -> Any:
@@ -53,19 +57,28 @@ class OutputEvaluator(TorchEvaluator):
     batch_inputs)``: the tensor to score (default ``model_output``; ``hf.mean_pooled``
     for sentence embeddings). ``targets``, ``filter_fn``, ``root``,
     ``name_prefix`` choose and name tensors as ``inject_`` does. A metric that does not
-    fit the outputs is refused here, before any trial runs.
+    fit the outputs is refused here, before any trial runs. ``stack_reuse``: reuse the
+    clean outputs of the blocks before a trial's first faulty block (``stack``: the
+    dotted path of the ``nn.ModuleList`` of blocks; default: found, ``find_stack``);
+    ``stack_reuse=False`` runs every trial through the whole model (``stack_cache``: the
+    ``StackReuse`` holding the kept outputs; ``stack_cache.reason`` says why reuse is off).
     """
 
     def __init__(self, model: Any, inputs: Any, metric: OutputMetric | str = "accuracy", *,
                  labels: Any = None, targets: Any = "weights", filter_fn: Any = None,
                  batch_size: int | None = None, device: str = "cpu",
                  output_fn: Callable[[Any, Any], Any] | None = None, max_bytes: int = 256 << 20,
-                 root: Any = None, name_prefix: str | None = None) -> None:
+                 root: Any = None, name_prefix: str | None = None, stack_reuse: bool = True,
+                 stack: str | None = None) -> None:
         import torch
         from torch import nn
 
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        if not isinstance(stack_reuse, bool):
+            raise ArgumentTypeError("stack_reuse", stack_reuse, "True or False")
+        if stack is not None:
+            find_stack(model, stack)  # a bad path is refused before anything is copied
         self.metric = metric if isinstance(metric, OutputMetric) else OutputMetric(metric)
         if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(
                 batch_size, int) or batch_size < 1):
@@ -84,6 +97,8 @@ class OutputEvaluator(TorchEvaluator):
         self._n = n
         self._setup(model, targets, filter_fn, root, name_prefix, copy_model=True)
         self._clean = {k: v.clone() for k, v in self._clean.items()}  # the model is the replica
+        self.stack_reuse = stack_reuse
+        self.stack_cache = StackReuse(self.model, stack, self.max_bytes)
         with torch.no_grad():  # the metric must fit the outputs: checked on the first batch
             first = self._outputs(self.model, self._batches()[0])
         self.metric.check(first.shape, None if self._labels is None
@@ -128,8 +143,12 @@ class OutputEvaluator(TorchEvaluator):
 
             self._load(self.stored(memory))
             self._applied = None
+            reuse = self.stack_cache if self.stack_reuse else None
             with torch.no_grad():
-                hit = self._outputs(self.model, b)
+                with reuse.capture(key[0], i, len(self._batches())) if reuse else nullcontext():
+                    hit = self._outputs(self.model, b)
+                if reuse:
+                    reuse.verify(key[0], i, lambda: self._outputs(self.model, b), hit)
             if sum(v.nbytes for v in self._clean_outs.values()) + hit.nbytes <= self.max_bytes:
                 self._clean_outs[key] = hit
         return hit
@@ -152,7 +171,8 @@ class OutputEvaluator(TorchEvaluator):
                 if active:
                     if self._applied is not active:
                         self._apply(active, memory)
-                    with torch.no_grad():
+                    k = self.stack_cache.start(active) if self.stack_reuse else 0
+                    with torch.no_grad(), self.stack_cache.reusing(self._key(memory), i, k):
                         faulty = self._outputs(self.model, b)
                 labels = None if self._labels is None else self._labels[b]
                 parts.append(make_records(self.metric, faulty, clean, labels))

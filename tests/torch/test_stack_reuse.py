@@ -1,0 +1,300 @@
+"""Block-boundary reuse (``bitfault.torch.stack_reuse``) in ``OutputEvaluator`` and
+``GGUFEvaluator``: a trial faulting blocks >= k starts from block k's clean input, and its
+outputs equal, bit for bit, a whole-model run of a copy of the model faulted by
+``inject_`` (or, for GGUF, by ``GGUFModel.inject_``); hooks on the blocks' modules show
+that blocks < k did not run."""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import bitfault as bf  # noqa: E402
+from bitfault.campaign.evaluator import memory_key  # noqa: E402
+from bitfault.torch import OutputEvaluator, inject_  # noqa: E402
+from bitfault.torch.hf import next_token_labels  # noqa: E402
+from bitfault.torch.outputs import model_output  # noqa: E402
+from bitfault.torch.stack_reuse import find_stack, spread  # noqa: E402
+
+MEMORY = bf.Memory(bf.IntQuant(8, per_channel=True), bf.BitFlip())
+N, T = 4, 12
+
+
+def llama(layers: int = 2):
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=layers, num_attention_heads=2,
+                                   num_key_value_heads=1, max_position_embeddings=64)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+def gpt2():
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=2,
+                                  n_positions=64, bos_token_id=0, eos_token_id=0)
+    return transformers.GPT2LMHeadModel(cfg).eval()
+
+
+def bert():
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2,
+                                  num_attention_heads=2, intermediate_size=64,
+                                  max_position_embeddings=64)
+    return transformers.BertModel(cfg).eval()
+
+
+# model -> (builder, stack path, its embedding, its tensor after the stack or None (tied))
+MODELS = {"llama": (llama, "model.layers", "model.embed_tokens.weight", "lm_head.weight"),
+          "gpt2": (gpt2, "transformer.h", "transformer.wte.weight", None),
+          "bert": (bert, "encoder.layer", "embeddings.word_embeddings.weight",
+                   "pooler.dense.weight")}
+
+
+def inputs_for(kind: str):
+    ids = torch.from_numpy(np.random.default_rng(3).integers(0, 64, (N, T)))
+    if kind == "bert":
+        mask = torch.ones(N, T, dtype=torch.long)
+        mask[:, 9:] = 0  # padded sentences
+        return {"input_ids": ids, "attention_mask": mask}, "cosine", None, pooled
+    return ids, "language_model", next_token_labels(ids), model_output
+
+
+def pooled(out, xb):
+    """BERT's pooler output (so that a fault in the pooler, after the stack, is scored)."""
+    return out.pooler_output
+
+
+class Recorder:
+    """An ``output_fn`` that keeps the last tensor it handed the metric."""
+
+    def __init__(self, fn):
+        self.fn, self.last = fn, None
+
+    def __call__(self, out, xb):
+        t = self.fn(out, xb)
+        self.last = t.detach().clone()
+        return t
+
+
+def whole_run(model, maps, x, output_fn):
+    """The reference: a copy of the model faulted by ``inject_`` (every target stored, the
+    maps' faults), its whole forward."""
+    spec = bf.FaultSpec(format=MEMORY.format, fault=MEMORY.fault, maps=maps, targets=list(maps))
+    m = copy.deepcopy(model)
+    with inject_(m, spec), torch.no_grad():
+        out = m(**x) if isinstance(x, dict) else m(x)
+        return output_fn(out, x).detach()
+
+
+def chip(shapes, chosen, seed=1, ber=2e-2):
+    """Maps for every tensor: faults (``ber``) in the ``chosen`` ones, empty elsewhere."""
+    return {n: bf.FaultMap.random(s, MEMORY.format, ber=ber, seed=seed, name=n) if chosen(n)
+            else bf.FaultMap.empty(s, n) for n, s in shapes.items()}
+
+
+def block_calls(blocks):
+    """Hooks counting, per block, the calls of the modules inside it that hold weights."""
+    counts = [0] * len(blocks)
+    handles = []
+    for i, b in enumerate(blocks):
+        for m in b.modules():
+            if next(m.parameters(recurse=False), None) is not None:
+                def bump(mod, args, i=i):
+                    counts[i] += 1
+                handles.append(m.register_forward_pre_hook(bump))
+    return counts, handles
+
+
+def bits(t):
+    return t.contiguous().view(torch.int32)
+
+
+def evaluator(kind, **kwargs):
+    build, path, _, _ = MODELS[kind]
+    x, metric, labels, fn = inputs_for(kind)
+    model = build()
+    rec = Recorder(fn)
+    ev = OutputEvaluator(model, x, metric, labels=labels, output_fn=rec, **kwargs)
+    return model, x, fn, rec, ev
+
+
+@pytest.mark.parametrize("kind", sorted(MODELS))
+@pytest.mark.parametrize("case", ["block1", "block0", "block1+tail", "embedding", "tail"])
+def test_reuse_equals_whole_model_runs_bit_for_bit(kind, case):
+    _, path, embedding, tail = MODELS[kind]
+    if case == "tail" and tail is None:
+        pytest.skip("GPT-2's head is its tied embedding")
+    model, x, fn, rec, ev = evaluator(kind)
+    assert ev.stack_cache.path == path and len(ev.stack_cache.blocks) == 2
+    chosen = {"block1": lambda n: n.startswith(f"{path}.1."),
+              "block0": lambda n: n.startswith(f"{path}.0."),
+              "block1+tail": lambda n: n.startswith(f"{path}.1.") or n == (tail or embedding),
+              "embedding": lambda n: n == embedding,
+              "tail": lambda n: n == tail}[case]
+    # GPT-2's lm_head is transformer.wte: a fault there lies before the stack
+    start = {"block1": 1, "block0": 0, "block1+tail": 0 if tail is None else 1,
+             "embedding": 0, "tail": 2}[case]
+    shapes = ev.tensor_shapes()
+    empty = {n: bf.FaultMap.empty(s, n) for n, s in shapes.items()}
+    ev.predict([empty], MEMORY)  # the clean run: block outputs kept, the patched run checked
+    clean = whole_run(model, empty, x, fn)
+    assert ev.stack_cache.enabled, ev.stack_cache.reason
+    maps = chip(shapes, chosen)
+    assert any(m.n_faults for m in maps.values())
+    counts, handles = block_calls(ev.stack_cache.blocks)
+    try:
+        records = ev.predict([maps], MEMORY)[0]
+    finally:
+        for h in handles:
+            h.remove()
+    expect = whole_run(model, maps, x, fn)
+    assert not torch.equal(bits(expect), bits(clean))  # the faults reach the outputs
+    assert torch.equal(bits(rec.last), bits(expect))
+    assert not records["identical"].any()
+    assert [c == 0 for c in counts] == [i < start for i in range(2)], counts
+    # the switch: every trial through the whole model, the same bits
+    _, _, _, rec_off, off = evaluator(kind, stack_reuse=False)
+    off.predict([maps], MEMORY)
+    assert torch.equal(bits(rec_off.last), bits(expect))
+
+
+@pytest.mark.parametrize("max_bytes", [0, 7000])
+def test_cache_respects_max_bytes_and_results_stay_the_same(max_bytes):
+    # 4 blocks; one boundary (4 x 12 x 32 float32) is 6,144 bytes, the logits 12,288:
+    # 7,000 keeps one boundary (block 1, spread evenly) and no clean logits
+    model = llama(layers=4)
+    x, metric, labels, fn = inputs_for("llama")
+    rec = Recorder(fn)
+    ev = OutputEvaluator(model, x, metric, labels=labels, output_fn=rec, max_bytes=max_bytes)
+    shapes = ev.tensor_shapes()
+    ev.predict([{n: bf.FaultMap.empty(s, n) for n, s in shapes.items()}], MEMORY)
+    assert ev.stack_cache.used_bytes() <= max_bytes
+    assert ev.stack_cache.kept(memory_key(MEMORY), 0) == ([] if max_bytes == 0 else [1])
+    for k, start in [(3, 2), (2, 2), (1, 0)]:
+        maps = chip(shapes, lambda n, k=k: n.startswith(f"model.layers.{k}."), seed=k)
+        counts, handles = block_calls(ev.stack_cache.blocks)
+        try:
+            ev.predict([maps], MEMORY)
+        finally:
+            for h in handles:
+                h.remove()
+        assert torch.equal(bits(rec.last), bits(whole_run(model, maps, x, fn)))
+        ran_from = start if max_bytes else 0
+        # the clean logits do not fit either: each trial reruns the clean model, then its own
+        per_block = counts[-1] // 2
+        assert counts == [per_block * (1 + (i >= ran_from)) for i in range(4)], (k, counts)
+    assert ev.stack_cache.used_bytes() <= max_bytes
+
+
+def test_boundaries_spread_evenly():
+    assert spread(4, 9) == {0, 1, 2, 3} and spread(4, 0) == set()
+    assert spread(30, 1) == {14} and spread(30, 2) == {9, 19} and spread(4, 1) == {1}
+
+
+class Chain(torch.nn.Module):
+    """A plain stack: blocks called in order, or (``mode``) summing every block's output,
+    or calling the first block twice: patching may not reproduce those."""
+
+    def __init__(self, mode="chain"):
+        super().__init__()
+        torch.manual_seed(0)
+        self.mode = mode
+        self.embed = torch.nn.Linear(6, 8)
+        self.blocks = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(3))
+        self.head = torch.nn.Linear(8, 3)
+
+    def forward(self, x):
+        h, outs = self.embed(x), []
+        for b in self.blocks:
+            h = torch.tanh(b(h))
+            outs.append(h)
+        if self.mode == "twice":
+            h = self.blocks[0](h)
+        return self.head(sum(outs) if self.mode == "sum" else h)
+
+
+@pytest.mark.parametrize("mode", ["chain", "sum", "twice"])
+def test_reuse_is_checked_and_turned_off_when_a_patched_run_differs(mode):
+    model = Chain(mode).eval()
+    x = torch.from_numpy(np.random.default_rng(0).standard_normal((5, 6)).astype(np.float32))
+    rec = Recorder(model_output)
+    ev = OutputEvaluator(model, x, "agreement", output_fn=rec)
+    shapes = ev.tensor_shapes()
+    maps = chip(shapes, lambda n: n == "blocks.2.weight", ber=5e-2)
+    ev.predict([maps], MEMORY)
+    assert torch.equal(bits(rec.last), bits(whole_run(model, maps, x, model_output)))
+    assert ev.stack_cache.enabled == (mode == "chain"), ev.stack_cache.reason
+    assert ev.stack_cache.reason == {"chain": "", "sum": "a run reusing block 2's clean "
+                                     "output differed from the whole model's",
+                                     "twice": "its blocks did not run once each, in order, "
+                                     "in a clean run"}[mode]
+    assert ev.stack_cache.used_bytes() == (3 * 5 * 8 * 4 if mode == "chain" else 0)
+
+
+def test_a_bad_stack_is_refused_by_name():
+    model = llama()
+    ids = torch.zeros(2, 8, dtype=torch.long)
+    labels = next_token_labels(ids)
+    for bad in ("model.nope", "lm_head"):
+        with pytest.raises(bf.ArgumentError, match="stack must be") as err:
+            OutputEvaluator(model, ids, "language_model", labels=labels, stack=bad)
+        assert err.value.argument == "stack"
+    with pytest.raises(bf.ArgumentTypeError) as err:
+        OutputEvaluator(model, ids, "language_model", labels=labels, stack_reuse="yes")
+    assert err.value.argument == "stack_reuse"
+    assert find_stack(model, "model.layers")[0] == "model.layers"
+    assert find_stack(torch.nn.Linear(2, 2)) is None
+
+
+def test_gguf_trials_reuse_blocks_and_equal_whole_runs(tmp_path):
+    pytest.importorskip("gguf")
+    from bitfault.torch.gguf import load_gguf_model
+    from bitfault.torch.gguf_eval import GGUFEvaluator
+    from gguf_helpers import write_tiny_llama
+
+    gm = load_gguf_model(write_tiny_llama(tmp_path / "tiny.gguf", seed=4, tied=True))
+    ids = np.random.default_rng(0).integers(0, 128, (3, 16))
+    labels = next_token_labels(torch.from_numpy(ids))
+    ev = GGUFEvaluator(gm, ids, np.asarray(labels), metric="language_model")
+    shapes = ev.tensor_shapes()
+    x = torch.from_numpy(ids)
+    last = {}
+    grab = gm.model.register_forward_hook(
+        lambda mod, args, out: last.__setitem__("logits", out.logits.detach().clone()))
+    blocks = ev.stack_cache.blocks
+    ev.predict([{}], ev.memory)  # the clean run (its patched check gives the same bits)
+    clean = last["logits"]
+    cases = [(lambda n: n.startswith("blk.1."), 1),
+             (lambda n: n.startswith("blk.1.") or n == "output_norm.weight", 1),
+             (lambda n: n == "output_norm.weight", 2),
+             (lambda n: n.startswith("blk.0."), 0),
+             (lambda n: n == "token_embd.weight", 0)]  # the tied head: before the stack
+    try:
+        for seed, (chosen, start) in enumerate(cases):
+            maps = {n: gm.memory.random_maps(ber=3e-3, seed=seed, targets=[n])[n]
+                    for n in shapes if chosen(n)}
+            assert all(m.n_faults for m in maps.values())
+            counts, handles = block_calls(blocks)
+            try:
+                ev.predict([maps], ev.memory)
+            finally:
+                for h in handles:
+                    h.remove()
+            got = last["logits"]
+            assert [c == 0 for c in counts] == [i < start for i in range(2)], counts
+            gm.inject_(maps)  # the reference: the whole model with the maps written in
+            with torch.no_grad():
+                expect = gm.model(x).logits
+            gm.restore_()
+            assert not torch.equal(bits(expect), bits(clean))
+            assert torch.equal(bits(got), bits(expect))
+    finally:
+        grab.remove()
+    assert ev.stack_cache.enabled and ev.stack_cache.kept("gguf", 0) == [0, 1]
