@@ -21,10 +21,11 @@ from bitfault.config.schema import (
     ModelConfig,
     RunConfig,
     TrainConfig,
+    memory_value,
     targets_value,
 )
 from bitfault.config.validate import config_from_dict
 
 __all__ = ["BUILTIN_MODELS", "FRAMEWORKS", "CampaignConfig", "ConfigError", "DataConfig",
            "ModelConfig", "RunConfig", "TrainConfig", "config_from_dict", "load_config",
-           "read_config_file", "targets_value"]
+           "memory_value", "read_config_file", "targets_value"]

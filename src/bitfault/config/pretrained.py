@@ -20,6 +20,7 @@ from bitfault.config.schema import (
     ModelConfig,
     RunConfig,
     TrainConfig,
+    memory_value,
 )
 from bitfault.errors import ArgumentError, check_int
 from bitfault.recipes import Recipe
@@ -202,7 +203,8 @@ def check_pretrained(d: Mapping[str, Any], config: RunConfig) -> RunConfig:
                           "model (statistical single-fault injection scores predictions "
                           "against labels)")
     if c.memory is not None:
-        raise ConfigError("campaign.memory", dict(c.memory), "null for a pretrained model")
+        raise ConfigError("campaign.memory", memory_value(c.memory),
+                          "null for a pretrained model")
     if model.kind == "gguf":
         if c.bits:
             raise ConfigError("campaign.bits", True, "false for model.kind 'gguf' (its "

@@ -37,6 +37,13 @@ def targets_value(targets: str | tuple[str, ...] | Targets) -> Any:
     return targets if isinstance(targets, str) else list(targets)
 
 
+def memory_value(memory: Mapping[str, Any] | tuple[Mapping[str, Any], ...] | None) -> Any:
+    """``campaign.memory`` as the config file writes it: null, a mapping or a list."""
+    if memory is None:
+        return None
+    return dict(memory) if isinstance(memory, Mapping) else [dict(m) for m in memory]
+
+
 @dataclass(frozen=True)
 class DataConfig:
     """Where the digits come from; ``*_limit`` keeps the first N examples of a split.
@@ -114,7 +121,9 @@ class CampaignConfig:
     margin at ``single_fault_confidence``. ``plane_rates``: for block formats, each plane's
     rate relative to the trial's (``bitfault.Memory.plane_rates``). ``memory``: how the
     weights sit in physical memory (``bitfault.storage.Storage.from_dict``: word_bits,
-    row_words, protection, pattern); trials then record the decoder's outcomes."""
+    row_words, protection, pattern); trials then record the decoder's outcomes. A list of
+    named memories (``{name, **storage}`` each) compares them in one campaign: every
+    scheme its own store, the same chips."""
 
     bers: tuple[float, ...] = (1e-4, 1e-3, 1e-2)
     chips: int = 10
@@ -129,7 +138,16 @@ class CampaignConfig:
     single_faults: float | None = None
     single_fault_confidence: float = 0.95
     plane_rates: Mapping[str, float] | None = None
-    memory: Mapping[str, Any] | None = None
+    memory: Mapping[str, Any] | tuple[Mapping[str, Any], ...] | None = None
+
+    @property
+    def schemes(self) -> tuple[tuple[str, dict[str, Any]], ...]:
+        """The named memories compared (name, storage dict); empty unless ``memory`` is a
+        list."""
+        if self.memory is None or isinstance(self.memory, Mapping):
+            return ()
+        return tuple((str(m["name"]), {k: v for k, v in m.items() if k != "name"})
+                     for m in self.memory)
 
     @property
     def sweep_bers(self) -> tuple[float, ...]:
@@ -187,11 +205,12 @@ class RunConfig:
                          "single_fault_confidence": c.single_fault_confidence,
                          "plane_rates": None if c.plane_rates is None
                          else dict(c.plane_rates),
-                         "memory": None if c.memory is None else dict(c.memory)},
+                         "memory": memory_value(c.memory)},
         }
 
 
 
 __all__ = ["BUILTIN_MODELS", "FRAMEWORKS", "PRETRAINED_KINDS", "PRETRAINED_METRICS", "SOURCES",
            "TEXT_KEYS", "CampaignConfig", "ConfigError",
-           "DataConfig", "ModelConfig", "RunConfig", "TrainConfig", "targets_value"]
+           "DataConfig", "ModelConfig", "RunConfig", "TrainConfig", "memory_value",
+           "targets_value"]

@@ -17,6 +17,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from bitfault.config.library import built as _library
+from bitfault.config.library import storage_section
 from bitfault.config.pretrained import (
     check_pretrained,
     check_text_keys,
@@ -206,24 +208,6 @@ def _numeric(value: Any) -> Any:
 
 
 
-def _library(key: str, value: Any, build: Any) -> Any:
-    """Run a library constructor; its ArgumentError (ArgumentTypeError) becomes a
-    ConfigError at ``key``, read from the error's attributes, never from its text.
-
-    The error names the argument that failed: when ``value`` is a mapping with that key,
-    the ConfigError names it (``recipes[0].randbet`` -> ``recipes[0].randbet.p_train``)
-    and shows its value; a nested argument (``randbet.fault``, ``fault kind``) names the
-    key of its first part. ``allowed`` is the error's requirement.
-    """
-    try:
-        return build()
-    except (ArgumentError, ArgumentTypeError) as exc:
-        first = exc.argument.replace(" ", ".").split(".", 1)[0]
-        if isinstance(value, Mapping) and first in value:
-            key, value = f"{key}.{first}", value[first]
-        raise ConfigError(key, value, exc.requirement) from None
-
-
 def _recipe(raw: Any, i: int) -> Recipe:
     where = f"recipes[{i}]"
     fields = tuple(f.name for f in dataclasses.fields(Recipe))
@@ -343,20 +327,7 @@ def _campaign(raw: Any) -> CampaignConfig:
             "campaign.single_fault_confidence", what="a confidence in (0, 1), e.g. 0.95",
             ok=lambda f: 0 < f < 1),
         plane_rates=_plane_rates(d.get("plane_rates")),
-        memory=_storage(d.get("memory")))
-
-
-def _storage(value: Any) -> dict[str, Any] | None:
-    """``campaign.memory``: a storage mapping, checked now (its fit to each recipe's format
-    when that recipe's campaign is planned)."""
-    if value is None:
-        return None
-    from bitfault.storage import Storage
-
-    if not isinstance(value, Mapping):
-        raise ConfigError("campaign.memory", value, "a mapping such as {word_bits: 64, "
-                          "protection: secded, pattern: {kind: mbu, sizes: {1: 0.8, 2: 0.2}}}")
-    return _library("campaign.memory", value, lambda: Storage.from_dict(value)).to_dict()
+        memory=storage_section(d.get("memory")))
 
 
 def _plane_rates(value: Any) -> dict[str, float] | None:
