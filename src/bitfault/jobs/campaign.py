@@ -9,8 +9,11 @@ trial. A store holding trials of another model, data set, memory (the recipe's f
 ``replace_stores`` moves it into ``RUN_DIR/replaced/``. With ``campaign.single_faults``
 (a margin), sampled single bit faults follow, in
 ``RUN_DIR/campaign/<recipe>.single_faults.sqlite``, until the share that turns a
-correct prediction wrong is known to within that margin. ``RUN_DIR/summary.json``
-is built from the stores and names each model's planned and stored trials.
+correct prediction wrong is known to within that margin. With ``campaign.memory`` a
+list of named memories, each model runs in each memory on the same chips, the trials in
+``RUN_DIR/campaign/<memory>/<recipe>.sqlite`` (``bitfault.jobs.compare``).
+``RUN_DIR/summary.json`` is built from the stores and names each model's planned and
+stored trials (and, comparing memories, the schemes side by side: ``comparison``).
 
 Everything is checked (config, data, models, grids, stores) before anything is
 written, with the run directory locked (``bitfault.jobs.lock``).
@@ -25,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bitfault.config import CampaignConfig, ConfigError, RunConfig, load_config, targets_value
+from bitfault.jobs.compare import compare_schemes, scheme_key, scheme_store
 from bitfault.jobs.data import load_data
 from bitfault.jobs.lock import lock_run_dir
 from bitfault.jobs.models import load_model
@@ -97,7 +101,8 @@ def make_evaluator(model: Any, framework: str, x: Any, y: Any, c: CampaignConfig
 
 @dataclass
 class ModelPlan:
-    """One model's campaign, checked: its memory (format + fault model), evaluator and
+    """One model's campaign in one memory, checked: its memory (format + fault model, and
+    the storage of ``scheme``, a named memory of ``campaign.memory``), evaluator and
     trials."""
 
     recipe: Recipe
@@ -105,11 +110,17 @@ class ModelPlan:
     evaluator: Any
     trials: list[Any]
     singles: list[Any]
+    scheme: str | None = None
+
+    @property
+    def key(self) -> str:
+        """Its entry in summary.json's ``models``: the recipe, or "recipe / scheme"."""
+        return scheme_key(self.recipe.name, self.scheme)
 
 
-def plan_model(config: RunConfig, recipe: Recipe, model: Any, x: Any, y: Any) -> ModelPlan:
-    """Check that the campaign fits ``model`` (memory, targets, grid); errors name the key."""
-    c = config.campaign
+def _memories(c: CampaignConfig, recipe: Recipe) -> list[tuple[str | None, Memory]]:
+    """The memories ``recipe``'s campaign runs in (one, or one per named memory), each
+    checked against its format; errors name the key (``campaign.memory[1]``)."""
     fmt = recipe.stored_format
     try:
         memory = Memory(fmt, c.fault)
@@ -120,14 +131,32 @@ def plan_model(config: RunConfig, recipe: Recipe, model: Any, x: Any, y: Any) ->
         key = "bits" if c.bits else "single_faults"
         raise ConfigError(f"campaign.{key}", getattr(c, key), "off with campaign.memory (a "
                           "stored memory places its faults by its pattern, in whole words)")
-    for key, value in (("plane_rates", c.plane_rates), ("memory", c.memory)):
-        if value is None:
-            continue
+    storages: list[tuple[str, str | None, Any]] = [("campaign.plane_rates", None, None)] \
+        if c.plane_rates is not None else []
+    if c.schemes:
+        storages += [(f"campaign.memory[{i}]", name, s) for i, (name, s) in enumerate(c.schemes)]
+    elif c.memory is not None:
+        storages.append(("campaign.memory", None, c.memory))
+    out: list[tuple[str | None, Memory]] = []
+    for key, name, storage in storages:
         try:
-            memory = Memory(fmt, c.fault, c.plane_rates, c.memory)
+            memory = Memory(fmt, c.fault, c.plane_rates, storage)
         except (ValueError, TypeError) as exc:
-            raise ConfigError(f"campaign.{key}", dict(value), f"a {key} that fits recipe "
-                              f"{recipe.name!r}'s format {fmt} ({exc})") from None
+            value = dict(c.plane_rates or {}) if storage is None else \
+                {**({"name": name} if name else {}), **storage}
+            raise ConfigError(key, value, f"a {key.split('.')[1].split('[')[0]} that fits "
+                              f"recipe {recipe.name!r}'s format {fmt} ({exc})") from None
+        if storage is not None:
+            out.append((name, memory))
+    return out or [(None, memory)]
+
+
+def plan_models(config: RunConfig, recipe: Recipe, model: Any, x: Any, y: Any
+                ) -> list[ModelPlan]:
+    """Check that the campaign fits ``model`` (every memory, targets, grid): one plan per
+    memory, sharing one evaluator; errors name the key."""
+    c = config.campaign
+    memories = _memories(c, recipe)
     try:
         evaluator = make_evaluator(model, config.framework, x, y, c)
     except ValueError as exc:
@@ -137,9 +166,16 @@ def plan_model(config: RunConfig, recipe: Recipe, model: Any, x: Any, y: Any) ->
                           f"names of tensors the model has, or patterns matching them "
                           f"({exc})") from None
     shapes = evaluator.tensor_shapes()
-    trials = build_trials(c, memory, shapes)
-    singles = single_fault_trials(c, memory, shapes)
-    return ModelPlan(recipe, memory, evaluator, trials, singles)
+    plans = []
+    for scheme, memory in memories:
+        plans.append(ModelPlan(recipe, memory, evaluator, build_trials(c, memory, shapes),
+                               single_fault_trials(c, memory, shapes), scheme))
+    return plans
+
+
+def plan_model(config: RunConfig, recipe: Recipe, model: Any, x: Any, y: Any) -> ModelPlan:
+    """``plan_models``' first plan (every memory is checked)."""
+    return plan_models(config, recipe, model, x, y)[0]
 
 
 def _clean_metrics(plan: ModelPlan) -> dict[str, Any]:
@@ -226,8 +262,7 @@ def run_campaign(run_dir: str | os.PathLike[str] | None = None,
         plans, xt_len = _check_all(rd, config, trusted)
         stale = {}
         for plan in plans:
-            for store in (rd.store_path(plan.recipe.name),
-                          rd.single_faults_store_path(plan.recipe.name)):
+            for store in _stores(rd, plan):
                 diffs = store_differences(store, plan.evaluator, plan.memory,
                                           config.campaign.seed)
                 if diffs:
@@ -236,10 +271,20 @@ def run_campaign(run_dir: str | os.PathLike[str] | None = None,
         # every check passed: from here on the run directory changes
         write_json(rd.config_path, config.to_dict())
         (rd.path / "campaign").mkdir(exist_ok=True)
+        for name, _ in config.campaign.schemes:
+            (rd.path / "campaign" / name).mkdir(exist_ok=True)
         moved = move_aside(rd.path, [Path(f"{s}{x}") for s in stale for x in ("", "-wal", "-shm")])
         if moved is not None:
             reporter.note(f"moved {len(stale)} store(s) of another campaign into {moved}")
         return _run_all(rd, config, plans, xt_len, reporter, moved)
+
+
+def _stores(rd: RunDir, plan: ModelPlan) -> list[Path]:
+    """The stores ``plan`` writes: its rate (layer) sweep's, and with one memory its
+    single faults'."""
+    store = scheme_store(rd.path, plan.recipe.name, plan.scheme)
+    return [store] if plan.scheme is not None else \
+        [store, rd.single_faults_store_path(plan.recipe.name)]
 
 
 def _check_all(rd: RunDir, config: RunConfig, trusted: str | bool
@@ -255,8 +300,8 @@ def _check_all(rd: RunDir, config: RunConfig, trusted: str | bool
         raise ValueError(f"{rd.path}: recipe(s) {changed} differ from the ones their models "
                          "were trained with; run `bitfault train` first")
     _, (xt, yt) = load_data(config.data)
-    plans = [plan_model(config, r, load_model(rd.model_dir(r.name), trusted=trusted), xt, yt)
-             for r in config.recipes]
+    plans = [p for r in config.recipes for p in plan_models(
+        config, r, load_model(rd.model_dir(r.name), trusted=trusted), xt, yt)]
     return plans, len(yt)
 
 
@@ -269,27 +314,37 @@ def _run_all(rd: RunDir, config: RunConfig, plans: list[ModelPlan], examples: in
                                "campaign": config.to_dict()["campaign"], "models": {}}
     if moved is not None:
         summary["moved_aside"] = str(moved)
-    cleans = {p.recipe.name: _clean_metrics(p) for p in plans}
+    cleans: dict[str, dict[str, Any]] = {}  # one golden run per model, whatever its memory
+    for p in plans:
+        if p.recipe.name not in cleans:
+            cleans[p.recipe.name] = _clean_metrics(p)
 
     def entry(plan: ModelPlan) -> dict[str, Any]:
         name = plan.recipe.name
-        return model_summary(c, plan.memory, plan.evaluator.tensor_shapes(), cleans[name],
-                             rd.store_path(name), rd.single_faults_store_path(name))
+        out = model_summary(c, plan.memory, plan.evaluator.tensor_shapes(), cleans[name],
+                            _stores(rd, plan)[0], rd.single_faults_store_path(name))
+        return out if plan.scheme is None else {**out, "recipe": name, "scheme": plan.scheme}
+
+    def write() -> None:
+        if c.schemes:
+            summary["comparison"] = compare_schemes(summary["models"],
+                                                    [n for n, _ in c.schemes])
+        write_json(rd.summary_path, summary)
 
     for plan in plans:  # every model is listed from the start, with what its store holds
-        m = summary["models"][plan.recipe.name] = entry(plan)
+        m = summary["models"][plan.key] = entry(plan)
         m.update(ran=0, skipped=m["stored"])
         if "single_faults" in m:
             m["single_faults"].update(ran=0, skipped=m["single_faults"]["trials"])
-    write_json(rd.summary_path, summary)
+    write()
     for plan in plans:
-        name = plan.recipe.name
+        name = plan.key
         with reporter.bar(f"faults {name}", len(plan.trials), "trial") as progress:
-            result = run(plan.evaluator, plan.trials, plan.memory, rd.store_path(name),
+            result = run(plan.evaluator, plan.trials, plan.memory, _stores(rd, plan)[0],
                          batch=c.batch or 8, append=True, progress=progress)
         m = summary["models"][name] = {**entry(plan), "ran": result.ran,
                                        "skipped": result.skipped}
-        write_json(rd.summary_path, summary)
+        write()
         reporter.note(f"{name}: {result.ran} trials run, {result.skipped} already done; "
                       f"no-fault accuracy {m['clean_accuracy']:.3f}")
         if plan.singles:
@@ -314,4 +369,4 @@ def _run_all(rd: RunDir, config: RunConfig, plans: list[ModelPlan], examples: in
 
 
 __all__ = ["ModelPlan", "build_trials", "check_campaign", "make_evaluator", "plan_model",
-           "run_campaign", "store_differences"]
+           "plan_models", "run_campaign", "store_differences"]

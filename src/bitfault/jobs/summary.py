@@ -111,10 +111,13 @@ def model_summary(c: CampaignConfig, memory: Memory, shapes: dict[str, Any],
         "bit": [r for r in rows if r["kind"] == "bit"]}
     if memory.storage is not None:
         from bitfault.campaign.metrics import memory_outcome_summary
+        from bitfault.jobs.compare import memory_bits, raw_ber_rows
 
+        bits = memory_bits(memory, shapes)
         entry["memory"] = {"storage": memory.storage.to_dict(),
-                           "overhead": memory.storage.overhead(memory.format),
-                           "outcomes": memory_outcome_summary(records, clean["accuracy"])}
+                           "overhead": memory.storage.overhead(memory.format), **bits,
+                           "outcomes": memory_outcome_summary(records, clean["accuracy"]),
+                           "raw_ber": raw_ber_rows(records, bits["physical_bits"])}
     if c.single_faults is not None:
         entry["single_faults"] = _single_summary(c, memory, shapes, clean, single_store)
     return entry
@@ -138,9 +141,15 @@ def refresh(entry: dict[str, Any], c: CampaignConfig, store: Path,
     written by an older bitfault (no ``tensors``) is returned as it is."""
     if "tensors" not in entry or "clean" not in entry:
         return entry
-    memory = Memory(entry["format"], c.fault, c.plane_rates, c.memory)
+    storage = c.memory
+    if "scheme" in entry:
+        if entry["scheme"] not in dict(c.schemes):
+            return entry
+        storage = dict(c.schemes)[entry["scheme"]]
+    memory = Memory(entry["format"], c.fault, c.plane_rates, storage)
     shapes = {n: tuple(s) for n, s in entry["tensors"].items()}
     fresh = model_summary(c, memory, shapes, entry["clean"], store, single_store)
+    fresh.update({k: entry[k] for k in ("recipe", "scheme") if k in entry})
     for key in ("ran", "skipped"):  # what the last campaign run did, not store contents
         if key in entry:
             fresh[key] = entry[key]
