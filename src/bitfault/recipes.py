@@ -172,6 +172,16 @@ class Recipe:
             object.__setattr__(self, "fault_aware", FaultSpec.from_dict(self.fault_aware))
         if self.fault_aware is not None and not isinstance(self.fault_aware, FaultSpec):
             raise ArgumentTypeError("fault_aware", self.fault_aware, "a FaultSpec or None")
+        if self.fault_aware is not None and self.fault_aware.memory.data_dependent:
+            raise ArgumentError("fault_aware.storage", self.fault_aware.storage.to_dict(),
+                                "a storage whose faults ignore the stored data (policy "
+                                "'flag', a pattern other than 'asymmetric')",
+                                requirement="fault_aware: a memory with policy 'zero' or "
+                                            "asymmetric cells reads back what depends on the "
+                                            "stored values, and training changes them every "
+                                            "step; train through policy 'flag' (the decoded "
+                                            "error then holds for any weights) and evaluate "
+                                            "the data-dependent memory in a campaign")
         if self.fault_aware is not None and self.randbet is not None:
             raise ArgumentError("fault_aware", self.fault_aware, "None when randbet is given",
                                 requirement="give at most one of randbet= and fault_aware=: "

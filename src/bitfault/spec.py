@@ -128,8 +128,9 @@ class Source:
             FaultMap.random(shape, memory.format, ber=self.ber, bits=memory.fault.bits)
 
     def map_for(self, name: str, shape: tuple[int, ...], memory: Memory,
-                step: int | None = None) -> FaultMap:
-        """The fault map of tensor ``name`` stored in ``memory``; ``step`` None: permanent.
+                step: int | None = None, values: Any = None) -> FaultMap:
+        """The fault map of tensor ``name`` stored in ``memory``; ``step`` None: permanent;
+        ``values``: the clean tensor, which a data-dependent memory draws with.
 
         With explicit maps, a tensor without an entry gets an empty map; a block-format
         tensor's other planes come from the entries named ``"<name>:<plane>"``.
@@ -149,7 +150,7 @@ class Source:
                 check_map_fits(fmap, tuple(shape), memory.format, f"maps[{name!r}]")
             return fmap
         return memory.random_map(shape, ber=self.ber, count=self.count, seed=self.seed,
-                                 name=name, bits=memory.fault.bits, step=step)
+                                 name=name, bits=memory.fault.bits, step=step, values=values)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (the keys ber, count, maps, seed of a spec's ``to_dict``)."""
@@ -216,14 +217,17 @@ class FaultSpec:
 
     # ---- maps ----------------------------------------------------------------------------
 
-    def map_for(self, name: str, shape: tuple[int, ...], step: int | None = None) -> FaultMap:
+    def map_for(self, name: str, shape: tuple[int, ...], step: int | None = None,
+                values: Any = None) -> FaultMap:
         """The fault map of tensor ``name`` (shape in PyTorch layout) at ``step``.
 
         Permanent specs ignore ``step``. With explicit maps, a tensor without an
-        entry gets an empty map.
+        entry gets an empty map. ``values``: the clean tensor (NumPy, PyTorch layout),
+        which a data-dependent memory (``memory.data_dependent``) needs: its map is the
+        XOR map for those values.
         """
         use_step = step if self.persistence == "transient" else None
-        return self.source.map_for(name, shape, self.memory, step=use_step)
+        return self.source.map_for(name, shape, self.memory, step=use_step, values=values)
 
     def replace(self, **changes: Any) -> FaultSpec:
         """A copy with some fields changed (validated again).

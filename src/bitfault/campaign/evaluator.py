@@ -27,7 +27,10 @@ T = TypeVar("T")
 
 class Evaluator(Protocol):
     """What the engine needs from a model + dataset: predictions per set of fault maps,
-    every tensor stored in ``memory`` (its format, faulted by its fault model)."""
+    every tensor stored in ``memory`` (its format, faulted by its fault model). A
+    data-dependent memory (``Memory.data_dependent``) also needs ``clean_tensor(name)``:
+    the tensor's clean float values (NumPy, PyTorch layout), from which its maps are
+    drawn."""
 
     labels: np.ndarray
 
@@ -83,6 +86,10 @@ class NumpyEvaluator:
                 logits = self.forward(params, self.x)
             out.append(predicted_labels(logits))
         return out
+
+    def clean_tensor(self, name: str) -> np.ndarray:
+        """The clean values of tensor ``name`` (for data-dependent memories)."""
+        return np.asarray(self.params[name])
 
     def model_digest(self) -> str:
         return digest_arrays(dict(self.params))

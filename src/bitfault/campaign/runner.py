@@ -37,6 +37,7 @@ from bitfault.faults import resolve_plane_bits
 from bitfault.maps import FaultMap
 from bitfault.memory import Memory
 from bitfault.stats import metric_bounds, summarize
+from bitfault.stored_faults import TensorWords
 
 
 def _check_target(trial: Trial, shapes: Mapping[str, tuple[int, ...]]) -> None:
@@ -68,9 +69,11 @@ def _empty_map(shape: tuple[int, ...], name: str) -> FaultMap:
     return FaultMap.empty(shape, name)
 
 
-def trial_maps(trial: Trial, memory: Memory, shapes: Mapping[str, tuple[int, ...]]) -> Maps:
+def trial_maps(trial: Trial, memory: Memory, shapes: Mapping[str, tuple[int, ...]],
+               words: TensorWords | None = None) -> Maps:
     """The fault maps of one trial for every tensor (empty where the trial puts no fault),
-    drawn in ``memory``'s format for its fault model at the trial's rate and seed.
+    drawn in ``memory``'s format for its fault model at the trial's rate and seed; a
+    ``data_dependent`` memory's with each tensor's clean stored ``words`` (name -> them).
 
     Every tensor is stored in the format in every trial, faulty or not, as in a real
     memory; layer and single-fault trials confine the faults, not the format.
@@ -86,7 +89,8 @@ def trial_maps(trial: Trial, memory: Memory, shapes: Mapping[str, tuple[int, ...
     bits = (trial.bit,) if trial.kind == "bit" else memory.fault.bits
     for n in names:
         maps[n] = memory.random_map(shapes[n], ber=memory.plane_ber(trial.ber),
-                                    seed=trial.seed, name=n, bits=bits)
+                                    seed=trial.seed, name=n, bits=bits,
+                                    words=None if words is None else words(n))
     return maps
 
 
@@ -174,20 +178,24 @@ def memory_outcomes(maps: Maps) -> dict[str, int]:
 
 
 def evaluate_trials(evaluator: Evaluator, trials: Sequence[Trial], memory: Memory,
-                    shapes: Mapping[str, tuple[int, ...]]
+                    shapes: Mapping[str, tuple[int, ...]], words: TensorWords | None = None,
                     ) -> list[tuple[str, np.ndarray, dict[str, int]]]:
     """Map digests, predictions and memory outcomes of ``trials`` (one evaluator call: many
-    maps per pass)."""
-    maps = [trial_maps(t, memory, shapes) for t in trials]
+    maps per pass); a data-dependent memory's maps drawn with ``words`` (default: the
+    evaluator's clean tensors, encoded here)."""
+    if words is None and memory.data_dependent:
+        words = TensorWords(evaluator, memory.format)
+    maps = [trial_maps(t, memory, shapes, words) for t in trials]
     predictions = evaluator.predict(maps, memory)
     return [(_maps_digest(m), np.asarray(p), memory_outcomes(m))
             for m, p in zip(maps, predictions, strict=True)]
 
 
 def _run_local(evaluator: Evaluator, chunks: list[list[Trial]], memory: Memory,
-               shapes: Mapping[str, tuple[int, ...]]) -> Iterator[tuple[list[Trial], list]]:
+               shapes: Mapping[str, tuple[int, ...]], words: TensorWords | None,
+               ) -> Iterator[tuple[list[Trial], list]]:
     for chunk in chunks:
-        yield chunk, evaluate_trials(evaluator, chunk, memory, shapes)
+        yield chunk, evaluate_trials(evaluator, chunk, memory, shapes, words)
 
 
 def _run_ray(evaluator: Evaluator, chunks: list[list[Trial]], memory: Memory,
@@ -275,6 +283,8 @@ def run(
     shapes = evaluator.tensor_shapes()
     for t in trials:  # unknown tensors, bits and elements fail here, before anything runs
         _check_trial(t, shapes, memory)
+    # a data-dependent memory: each tensor's clean stored words, encoded once per campaign
+    words = TensorWords(evaluator, memory.format) if memory.data_dependent else None
     model_digest, data_digest = evaluator.model_digest(), evaluator.data_digest()
     digest = campaign_digest(memory, trials, model_digest, data_digest)
     description = {"memory": memory.to_dict(), "n_trials": len(trials), "model": model_digest,
@@ -308,7 +318,7 @@ def run(
         if executor == "ray" and chunks:
             results = _run_ray(evaluator, chunks, memory, shapes, ray_address, workers)
         else:
-            results = _run_local(evaluator, chunks, memory, shapes)
+            results = _run_local(evaluator, chunks, memory, shapes, words)
         already = len(wanted & done)
         bar, report = _progress(progress, len(trials), already)
         if report is not None:  # where it starts: what earlier runs stored

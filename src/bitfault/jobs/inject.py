@@ -208,7 +208,7 @@ def _recorded_fault(maps: dict[str, FaultMap]) -> FaultModel:
 
 
 def _apply(name: str, clean: np.ndarray, spec: FaultSpec) -> tuple[np.ndarray, dict[str, Any]]:
-    fmap = spec.map_for(name, tuple(clean.shape))
+    fmap = spec.map_for(name, tuple(clean.shape), values=clean)  # a data-dependent memory's
     faulty, stats = inject_with_stats(clean, spec.format, spec.fault, fmap)
     return faulty, {"shape": list(clean.shape), "faults": stats.faults,
                     "changed_values": stats.changed_values, "saturated": stats.saturated}

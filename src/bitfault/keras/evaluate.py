@@ -86,6 +86,11 @@ class KerasEvaluator:
     def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
         return {n: tuple(a.shape) for n, a in self._clean.items()}
 
+    def clean_tensor(self, name: str) -> np.ndarray:
+        """The clean values of tensor ``name`` (PyTorch layout): what a data-dependent
+        memory's maps are drawn with."""
+        return np.asarray(self._clean[name])
+
     def predict(self, batch_of_maps: Sequence[Mapping[str, FaultMap]],
                 memory: Memory) -> list[np.ndarray]:
         out = []
