@@ -140,6 +140,14 @@ class TorchEvaluator(SingleFaultPaths, ReplicaWrites):
     def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
         return {n: tuple(self._clean[self._path[n]].shape) for n in self.names}
 
+    def clean_tensor(self, name: str) -> np.ndarray:
+        """The clean values of tensor ``name`` in NumPy (bfloat16 as float32, the same
+        values): what a data-dependent memory's maps are drawn with."""
+        import torch
+
+        t = self._clean[self._path[name]].detach().cpu()
+        return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
+
     def model_digest(self) -> str:
         arrays = {k: v.detach().cpu().float().numpy() if v.is_floating_point() else
                   v.detach().cpu().numpy() for k, v in self.model.state_dict().items()}
