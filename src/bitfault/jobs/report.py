@@ -14,12 +14,14 @@ from typing import Any
 
 from bitfault.config import CampaignConfig, RunConfig, config_from_dict
 from bitfault.formats import format_from_dict
+from bitfault.jobs.compare import compare_schemes, scheme_key, scheme_store
 from bitfault.jobs.lock import lock_run_dir
 from bitfault.jobs.progress import SILENT, Reporter
 from bitfault.jobs.run_dir import RunDir, read_json
 from bitfault.jobs.summary import incomplete, refresh
 from bitfault.recipes import Recipe
 from bitfault.report.labels import rate_name
+from bitfault.report.schemes import protection_text
 from bitfault.stats import format_rates
 
 _CLASSES = 10  # every data source a run reads is a 10-class set (the loaders check 0..9)
@@ -75,11 +77,20 @@ def load_summary(rd: RunDir, config: RunConfig) -> tuple[dict[str, Any], Campaig
     summary = read_json(rd.summary_path)
     c = config_from_dict({"campaign": summary["campaign"]}).campaign \
         if isinstance(summary.get("campaign"), dict) else config.campaign
+    have = summary.get("models", {})
     summary["models"] = {
-        r.name: refresh(summary["models"][r.name], c, rd.store_path(r.name),
-                        rd.single_faults_store_path(r.name))
-        for r in config.recipes if r.name in summary.get("models", {})}
+        key: refresh(have[key], c, scheme_store(rd.path, r.name, scheme),
+                     rd.single_faults_store_path(r.name))
+        for r, scheme, key in entry_keys(config, c) if key in have}
+    if c.schemes:
+        summary["comparison"] = compare_schemes(summary["models"], [n for n, _ in c.schemes])
     return summary, c
+
+
+def entry_keys(config: RunConfig, c: CampaignConfig) -> list[tuple[Recipe, str | None, str]]:
+    """(recipe, memory name or None, summary key) of every entry the campaign makes."""
+    names = [n for n, _ in c.schemes] or [None]
+    return [(r, n, scheme_key(r.name, n)) for r in config.recipes for n in names]
 
 
 def _make_report(rd: RunDir, reporter: Reporter) -> dict[str, str]:
@@ -91,8 +102,9 @@ def _make_report(rd: RunDir, reporter: Reporter) -> dict[str, str]:
 
         return make_pretrained_report(rd, config, reporter)
     summary, c = load_summary(rd, config)
+    keys = entry_keys(config, c)
     left = incomplete(summary["models"]) + [
-        f"{r.name} (no campaign yet)" for r in config.recipes if r.name not in summary["models"]]
+        f"{key} (no campaign yet)" for _, _, key in keys if key not in summary["models"]]
     models = {name: m for name, m in summary["models"].items() if m["rate"]}
     if not models:
         raise ValueError(f"{rd.summary_path}: holds no campaign result for this run's "
@@ -101,7 +113,7 @@ def _make_report(rd: RunDir, reporter: Reporter) -> dict[str, str]:
         reporter.note(f"incomplete: {', '.join(left)}; rerun `bitfault campaign {rd.path}` "
                       "to finish")
     histories = {}
-    for r in config.recipes:
+    for r in config.recipes:  # one curve per trained model, whatever memories it ran in
         if rd.trained(r.name):
             cols: dict[str, list[Any]] = {}
             for record in rd.history(r.name):
@@ -109,11 +121,11 @@ def _make_report(rd: RunDir, reporter: Reporter) -> dict[str, str]:
                     cols.setdefault(k, []).append(v)
             histories[r.name] = cols
     rows_models = []
-    for r in config.recipes:
-        m = models.get(r.name)
+    for r, _, key in keys:
+        m = models.get(key)
         if m is None:
             continue
-        rows_models.append({"model": r.name, "stored as": _fmt(format_from_dict(m["format"])),
+        rows_models.append({"model": key, "stored as": _fmt(format_from_dict(m["format"])),
                             "training": describe_recipe(r),
                             "test accuracy, no faults": m["clean_accuracy"],
                             "epochs": len(histories.get(r.name, {}).get("epoch", []))})
@@ -124,6 +136,11 @@ def _make_report(rd: RunDir, reporter: Reporter) -> dict[str, str]:
              f"{rate_name(c.fault)}: {c.chips} simulated chips per rate (chip c draws seed "
              f"{c.seed} + c for every model, so faults are nested across rates and shared "
              "across models).")
+    if c.schemes:
+        recipes = len({k[0].name for k in keys if k[2] in models})
+        intro += (f" Each of the {recipes} trained model(s) runs in {len(c.schemes)} "
+                  f"memories compared on the same chips ({', '.join(n for n, _ in c.schemes)})"
+                  ", its rows named \"<model> / <memory>\".")
     if left:
         intro += (f" Incomplete campaigns, shown with the trials stored so far: "
                   f"{', '.join(left)}.")
@@ -142,7 +159,7 @@ def _make_report(rd: RunDir, reporter: Reporter) -> dict[str, str]:
                             tuple(rows[0])))
     stored = [(name, m["memory"]) for name, m in models.items() if m.get("memory")]
     if stored:
-        rows = [{"model": name, "protection": str(mem["storage"]["protection"]),
+        rows = [{"model": name, "protection": protection_text(mem["storage"]),
                  "overhead": ", ".join(f"{p} {v:.1%}" for p, v in mem["overhead"].items()),
                  "rate": f"{o['ber']:g}", "trials": o["trials"],
                  **{k: f"{o[k]:.0%} ({o[f'{k}_low']:.0%}-{o[f'{k}_high']:.0%})"
@@ -163,7 +180,8 @@ def _make_report(rd: RunDir, reporter: Reporter) -> dict[str, str]:
         bit_rows={n: m.get("bit", []) for n, m in models.items()},
         histories=histories or None, title=config.title, intro=intro,
         tables=tables, more_tables=more_tables, fault=c.fault,
-        formats={n: m["format"] for n, m in models.items()}, chance=1.0 / _CLASSES)
+        formats={n: m["format"] for n, m in models.items()}, chance=1.0 / _CLASSES,
+        comparison=summary.get("comparison"))
 
 
 def rate_table(summary: dict[str, Any]) -> tuple[list[float], dict[str, dict[str, Any]]]:
@@ -193,4 +211,5 @@ def format_rate_table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["describe_recipe", "format_rate_table", "load_summary", "make_report", "rate_table"]
+__all__ = ["describe_recipe", "entry_keys", "format_rate_table", "load_summary", "make_report",
+           "rate_table"]

@@ -14,6 +14,7 @@ from bitfault.formats.blocks import CODES
 from bitfault.report.html import Table, write_html, write_rows
 from bitfault.report.labels import bit_roles, fault_phrase, file_stems, rate_label, rate_name
 from bitfault.report.plots import plot_heatmap, plot_rate_sweep, plot_training
+from bitfault.report.schemes import plot_schemes, scheme_table
 from bitfault.stats import format_rates
 
 _SUMMARY_COLUMNS = ("model", "kind", "ber", "target", "bit", "n", "mean", "std", "min", "max",
@@ -38,6 +39,7 @@ def build_report(
     fault: Any = None,
     formats: Mapping[str, Any] | None = None,
     chance: float | None = None,
+    comparison: Mapping[str, Any] | None = None,
 ) -> dict[str, str]:
     """Write every plot, ``summary.csv``/``.json``, ``rate_table.csv``/``.json`` (model x
     rate) and ``report.html`` into ``out_dir``; returns {artefact: path}.
@@ -48,19 +50,38 @@ def build_report(
     ``intro``, ``tables`` (e.g. the models) and the model x rate table; the figures and
     ``more_tables`` follow, the rate-sweep numbers last. ``fault`` (the fault model)
     names the rate axis, ``formats[model]`` (a format or its dict) which end of a word
-    is the LSB, ``chance`` (e.g. 1 / classes) draws the chance level.
+    is the LSB, ``chance`` (e.g. 1 / classes) draws the chance level. ``comparison``
+    (memories compared in one campaign, ``bitfault.jobs.compare``) adds, first, one plot
+    per model of accuracy vs raw bit error rate per scheme with its outcome shares, and
+    the overhead vs robust accuracy table (``schemes.csv``/``.json``).
     """
     if not rate_rows:
         raise ValueError("rate_rows must hold at least one model's rate-sweep summary")
     if chance is not None and not 0.0 <= chance <= 1.0:
         raise ValueError(f"chance must be None or in [0, 1], got {chance!r}")
     rate_label(fault)  # a bad fault is refused before anything is written
+    compared = dict(comparison["models"]) if comparison else {}
+    if any(not isinstance(e, Mapping) or not e.get("schemes") for e in compared.values()):
+        raise ValueError("comparison['models'] must map each model to its compared schemes")
     groups = {"layers": (layer_rows or {}, "target"), "bits": (bit_rows or {}, "bit")}
     stems = file_stems([m for rows, _ in groups.values() for m, r in rows.items() if r])
     os.makedirs(out_dir, exist_ok=True)
     out: dict[str, str] = {}
     figures: list[tuple[str, str]] = []
     what = rate_name(fault)
+    scheme_stems = file_stems(compared)
+    for model, entry in compared.items():
+        key = f"schemes_{scheme_stems[model]}"
+        out[key] = plot_schemes(model, entry, os.path.join(out_dir, f"{key}.png"),
+                                raw_ber=str(comparison.get("raw_ber", "")))
+        figures.append((f"{model}: accuracy vs raw bit error rate for each memory, on the "
+                        "same simulated chips (mean over chips, 95% interval band; "
+                        "no-fault accuracy dashed), and the share of trials masked, silently "
+                        "corrupted (accuracy below fault-free, not detected) and detected "
+                        "(a word detected uncorrectable) at each swept rate. Raw bit error "
+                        "rate: raw bit errors over physical bits, data and check, so schemes "
+                        "with check bits are compared at equal physical fault density.",
+                        out[key]))
     out["rate_sweep"] = plot_rate_sweep(rate_rows, os.path.join(out_dir, "rate_sweep.png"),
                                         clean=clean, chance=chance, fault=fault)
     figures.append((f"Accuracy vs {what} for each model: mean over simulated chips, 95% "
@@ -111,11 +132,17 @@ def build_report(
             f"The tables first give the models and their mean accuracy at each {what}; the "
             "plots below show the same with confidence bands and, where the campaign ran "
             "them, which tensors and bits are fragile.")
+    first = list(tables)
+    if compared:
+        caption, rows, columns = scheme_table(comparison)
+        out["schemes_csv"], out["schemes_json"] = write_rows(rows, os.path.join(out_dir,
+                                                                                "schemes"))
+        first.append((caption, rows, columns))
     out["html"] = write_html(
         os.path.join(out_dir, "report.html"), title, f"{lead}\n\n{intro}", figures,
         [*more_tables, (detail, rate_detail, _SUMMARY_COLUMNS)],
-        lead_tables=[*tables, (f"Mean accuracy over chips by model and {what}", by_rate,
-                               rate_columns)])
+        lead_tables=[*first, (f"Mean accuracy over chips by model and {what}", by_rate,
+                              rate_columns)])
     return out
 
 
@@ -156,7 +183,9 @@ __all__ = [
     "model_rate_table",
     "plot_heatmap",
     "plot_rate_sweep",
+    "plot_schemes",
     "plot_training",
+    "scheme_table",
     "split_bit_rows",
     "write_html",
     "write_rows",

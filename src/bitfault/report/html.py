@@ -50,15 +50,23 @@ def _table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
     return f"<table><tr>{head}</tr>{''.join(body)}</table>"
 
 
+def _heading(caption: str) -> str:
+    """A table's caption: a heading, and what follows a blank line as a paragraph."""
+    title, _, rest = caption.partition("\n\n")
+    note = f"<p class='caption'>{html.escape(rest.strip())}</p>" if rest.strip() else ""
+    return f"<h2>{html.escape(title.strip())}</h2>{note}"
+
+
 def write_html(path: str | os.PathLike[str], title: str, intro: str,
                figures: Sequence[tuple[str, str]], tables: Sequence[Table] = (), *,
                lead_tables: Sequence[Table] = ()) -> str:
     """A page: ``intro`` (paragraphs split by blank lines), ``lead_tables``, ``figures``
-    ((caption, png path), embedded as data URIs), then ``tables``."""
+    ((caption, png path), embedded as data URIs), then ``tables`` (a caption's text after
+    a blank line is a note under its heading)."""
     parts = [f"<h1>{html.escape(title)}</h1>"]
     parts += [f"<p>{html.escape(p.strip())}</p>" for p in intro.split("\n\n") if p.strip()]
     for caption, rows, columns in lead_tables:
-        parts.append(f"<h2>{html.escape(caption)}</h2>{_table(rows, columns)}")
+        parts.append(_heading(caption) + _table(rows, columns))
     for caption, png in figures:
         with open(png, "rb") as fh:
             data = base64.b64encode(fh.read()).decode("ascii")
@@ -67,11 +75,11 @@ def write_html(path: str | os.PathLike[str], title: str, intro: str,
                      f'src="data:image/png;base64,{data}"><figcaption>{html.escape(caption)}'
                      "</figcaption></figure>")
     for caption, rows, columns in tables:
-        parts.append(f"<h2>{html.escape(caption)}</h2>{_table(rows, columns)}")
+        parts.append(_heading(caption) + _table(rows, columns))
     style = ("body{font-family:sans-serif;max-width:1000px;margin:2em auto;color:#222}"
              "img{max-width:100%}table{border-collapse:collapse;font-size:13px}"
              "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
-             "figcaption{font-size:13px;color:#555;margin-bottom:1.5em}")
+             "figcaption,.caption{font-size:13px;color:#555;margin-bottom:1.5em}")
     page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
             f"</title><style>{style}</style></head><body>{''.join(parts)}</body></html>")
     with open(path, "w", encoding="utf-8") as fh:
