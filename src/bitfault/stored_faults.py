@@ -77,7 +77,7 @@ class StoredWords:
     fmt: Format
     shape: tuple[int, ...]
     planes: dict[str, np.ndarray]
-    _physical: dict[Any, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    _physical: dict[Any, Any] = field(default_factory=dict)
 
     @classmethod
     def of(cls, values: Any, fmt: Format) -> StoredWords:
@@ -99,9 +99,9 @@ class StoredWords:
                                 f"{fmt}", tail=f", got {self.fmt} {self.shape}")
         return self
 
-    def physical(self, key: Any, compute: Callable[[], tuple[np.ndarray, np.ndarray]]
-                 ) -> tuple[np.ndarray, np.ndarray]:
-        """The clean (data, check) physical words under ``key``, computed once."""
+    def physical(self, key: Any, compute: Callable[[], Any]) -> Any:
+        """What ``compute`` gives (a part's clean fields, its (data, check) physical
+        words), computed once under ``key``."""
         if key not in self._physical:
             self._physical[key] = compute()
         return self._physical[key]
@@ -198,8 +198,13 @@ def plane_map(shape: tuple[int, ...], bits: int, *, rate: float, seed: int, name
     indices, masks, total = [], [], dict.fromkeys(OUTCOME_KEYS, 0)
     for part in split:
         fields = None
-        if dependent:
-            fields = np.asarray(words) if not part.tag else part.fields(words)
+        if dependent and not part.tag:
+            fields = np.asarray(words)
+        elif dependent:
+            def split(p: Part = part) -> np.ndarray:
+                return p.fields(words)
+            fields = split() if stored is None else stored.physical(
+                ("fields", plane, part.positions), split)
         fmap, outcomes = _draw_part(
             shape, part, fields, rate=rate, seed=seed, name=name, step=step,
             pattern=pattern, stored=stored,
