@@ -71,3 +71,13 @@ def test_a_pretrained_model_refuses_a_memory_list() -> None:
     with pytest.raises(ConfigError) as err:
         load_config(raw)
     assert err.value.key == "campaign.memory" and isinstance(err.value.value, list)
+
+
+def test_the_example_config_compares_five_memories() -> None:
+    pytest.importorskip("yaml")
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "protection_mlp.yaml"
+    c = load_config(path).campaign
+    assert [n for n, _ in c.schemes] == ["none", "parity", "secded", "secded32", "secded-mbu"]
+    assert dict(c.schemes)["secded32"]["word_bits"] == 32
