@@ -133,17 +133,27 @@ def decode_faults(words: Any, bits: int, layout: WordLayout, protection: Protect
     arr = np.asarray(words)
     k = layout.per_word(bits)
     data_bits = layout.word_bits
-    check_bits = scheme.check_bits(data_bits)
     n_words = -(-arr.size // k)
-    faults = _check_faults(faults, n_words, data_bits, check_bits)
+    faults = _check_faults(faults, n_words, data_bits, scheme.check_bits(data_bits))
+    clean, check = stored_words(arr, bits, layout, scheme, faults.indices)
+    return _decoded(arr.shape, bits, layout, scheme, faults, name, clean, check)
+
+
+def _decoded(shape: tuple[int, ...], bits: int, layout: WordLayout, scheme: Protection,
+             faults: WordFaults, name: str, clean: np.ndarray, check: np.ndarray,
+             more_meta: dict[str, Any] | None = None) -> DecodedFaults:
+    """``decode_faults`` once the clean physical words of the faulty words are known
+    (``more_meta``: added to the maps' meta, with the outcomes)."""
+    data_bits = layout.word_bits
+    n = math.prod(shape)
+    n_words = layout.n_words(n, bits)
     which = faults.indices
-    clean, check = stored_words(arr, bits, layout, scheme, which)
     decoded, status = scheme.decode(clean ^ faults.data, check ^ faults.check, data_bits)
     wide = ln.is_wide(data_bits)
     full = ln.low_mask(data_bits)
     used = np.broadcast_to(full, (which.size, *np.shape(full))).copy()
     if which.size and which[-1] == n_words - 1:  # the padded last word
-        last = layout.used_mask(n_words - 1, arr.size, bits)
+        last = layout.used_mask(n_words - 1, n, bits)
         used[-1] = ln.from_ints([last], data_bits)[0] if wide else np.uint64(last)
     errors = (decoded ^ clean) & used
     wrong = errors.any(axis=1) if wide else errors != 0
@@ -153,14 +163,17 @@ def decode_faults(words: Any, bits: int, layout: WordLayout, protection: Protect
                         due=int(due.sum()), silent=int((~due & wrong).sum()))
     meta = {"source": "protection", "protection": scheme.to_dict(),
             "layout": layout.to_dict()}
-    shape = arr.shape
-    zero = due & (getattr(scheme, "policy", "flag") == "zero")
+    if more_meta is not None:
+        meta.update(more_meta, outcomes=outcomes.to_dict())
     xor = _element_map(shape, which, errors, layout, bits, name, meta)
+    zero = due if getattr(scheme, "policy", "flag") == "zero" else None
+    if zero is None or not zero.any():  # nothing zeroed: flips are the XOR map
+        empty = np.zeros(0, np.int64)
+        return DecodedFaults(xor, xor, FaultMap(shape, empty, empty.astype(np.uint32), name,
+                                                meta), outcomes)
     flips = _element_map(shape, which[~zero], errors[~zero], layout, bits, name, meta)
     zeroed = _element_map(shape, which[zero], used[zero], layout, bits, name, meta)
     return DecodedFaults(xor, flips, zeroed, outcomes)
-
-
 
 
 # ---- a memory's maps: physical faults, decoded, as element-level flip maps ---------------
@@ -193,16 +206,16 @@ def draw_decoded_map(shape: tuple[int, ...], bits: int, *, rate: float, seed: in
                             requirement="a detected word zeroed (policy 'zero') depends on the "
                                         "stored data; memories take policy 'flag' (use "
                                         "decode_faults for 'zero')")
-    n = math.prod(shape)
-    n_words = layout.n_words(n, bits)
-    faults = pattern_at(pattern, rate).draw(
+    n_words = layout.n_words(math.prod(shape), bits)
+    drawn = pattern_at(pattern, rate)
+    faults = drawn.draw(
         n_words, layout.word_bits, scheme.check_bits(layout.word_bits), seed=seed, name=name,
         step=step, row_words=layout.row_words, interleave=layout.interleave)
-    decoded = decode_faults(np.zeros(shape, np.int64), bits, layout, scheme, faults, name)
-    fmap = decoded.flips
-    meta = {**fmap.meta, "seed": seed, "step": step, "rate": rate,
-            "pattern": pattern_at(pattern, rate).to_dict(), "outcomes": decoded.outcomes.to_dict()}
-    return FaultMap(shape, fmap.indices, fmap.masks, name, meta)
+    # every code is linear: the clean words may be 0 (whose check bits are 0), unpacked
+    clean = np.zeros(faults.data.shape, np.uint64)
+    more = {"seed": seed, "step": step, "rate": rate, "pattern": drawn.to_dict()}
+    return _decoded(tuple(shape), bits, layout, scheme, faults, name, clean,
+                    np.zeros(len(faults), np.uint64), more).flips
 
 
 __all__ = ["RATE_FIELDS", "DecodedFaults", "Outcomes", "decode_faults", "draw_decoded_map",
