@@ -40,6 +40,9 @@ def test_overwrite_and_retraining_move_old_results_aside(tiny_run: Path) -> None
     run_campaign(tiny_run)
     old_store = (tiny_run / "campaign" / "int8.sqlite").read_bytes()
     old_model = (tiny_run / "models" / "clip" / "model.pt").read_bytes()
+    (tiny_run / "campaign" / "secded").mkdir()  # a store in a memory a comparison named
+    (tiny_run / "campaign" / "secded" / "int8.sqlite").write_bytes(old_store)
+    (tiny_run / "campaign" / "secded" / "clip.sqlite").write_bytes(old_store)
     config = config_of(tiny_run)
     config["recipes"][0]["weight_clip"] = 0.5  # int8 changes: trained again
     _, results = train(config)
@@ -48,6 +51,9 @@ def test_overwrite_and_retraining_move_old_results_aside(tiny_run: Path) -> None
     assert (first / "models" / "int8" / "my-notes.txt").read_text() == "mine"
     assert (first / "campaign" / "int8.sqlite").read_bytes() == old_store
     assert not (tiny_run / "campaign" / "int8.sqlite").exists()
+    assert (first / "campaign" / "secded" / "int8.sqlite").read_bytes() == old_store
+    assert not (tiny_run / "campaign" / "secded" / "int8.sqlite").exists()
+    assert (tiny_run / "campaign" / "secded" / "clip.sqlite").is_file()  # clip was kept
     assert sorted(p.name for p in (tiny_run / "models").iterdir()) == ["clip", "int8"]
     # other training settings with overwrite: the whole old run moves, nothing is deleted
     train({**config, "train": {**config["train"], "epochs": 1}}, overwrite=True)

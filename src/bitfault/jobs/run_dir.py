@@ -6,6 +6,8 @@
     RUN_DIR/models/<recipe>/recipe.json   the recipe (Recipe.to_dict())
     RUN_DIR/models/<recipe>/history.json  one EpochRecord dict per epoch
     RUN_DIR/campaign/<recipe>.sqlite      the model's campaign store (resumable)
+    RUN_DIR/campaign/<memory>/<recipe>.sqlite  its store in each memory campaign.memory
+                                          names, when it compares several
     RUN_DIR/summary.json                  campaign summaries per model, with clean accuracy
     RUN_DIR/report/                       PNGs, report.html, summary.csv/json
     RUN_DIR/replaced/<time>/              what a later run replaced, under its old path
@@ -134,6 +136,11 @@ class RunDir:
 
     def store_path(self, recipe: str) -> Path:
         return self.path / "campaign" / f"{recipe}.sqlite"
+
+    def memory_store_paths(self, recipe: str) -> list[Path]:
+        """The model's stores in the named memories of a comparison (``campaign/<memory>/``),
+        whatever memories the current config names."""
+        return sorted((self.path / "campaign").glob(f"*/{recipe}.sqlite"))
 
     def single_faults_store_path(self, recipe: str) -> Path:
         return self.path / "campaign" / f"{recipe}.single_faults.sqlite"

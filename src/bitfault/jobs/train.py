@@ -155,9 +155,9 @@ def _train_one(config: RunConfig, recipe: Recipe, data: Any, rd: RunDir,
     write_json(partial / "recipe.json", recipe.to_dict())
     write_json(partial / "history.json", [r.to_dict() for r in history])
     directory = rd.model_dir(recipe.name)
-    old = [directory] + [Path(f"{s}{x}") for s in (rd.store_path(recipe.name),
-                                                    rd.single_faults_store_path(recipe.name))
-                         for x in ("", "-wal", "-shm")]
+    stores = [rd.store_path(recipe.name), rd.single_faults_store_path(recipe.name),
+              *rd.memory_store_paths(recipe.name)]
+    old = [directory] + [Path(f"{s}{x}") for s in stores for x in ("", "-wal", "-shm")]
     moved = move_aside(rd.path, old)
     if moved is not None:
         reporter.note(f"{recipe.name}: the model it replaces (and its campaign stores) moved "
