@@ -241,7 +241,7 @@ def test_channel_steps_equal_the_full_operations_bit_for_bit(data) -> None:
     from bitfault.torch.channel_ops import channel_step
 
     ev = TorchEvaluator(trained(MobileNetLike(), data), *data)
-    env = ev._clean_env(FIXED)[0]
+    env = ev._clean_env(FIXED)[0].values
     g = ev.graph()
     params = ev._with_aliases(ev.stored(FIXED))
     col = torch.tensor([0, 5, 5, 31, 17])

@@ -9,14 +9,17 @@ NumPy core), and the model's own ``forward`` runs on the data in eval mode under
 ``bitfault.torch.inject_`` + ``model(x)`` computes. What is reused:
 
 * the golden (fault-free) run, once per format and fault model;
-* the clean activations of every node of the model's ``torch.fx`` graph: a
-  trial whose faults sit in one tensor recomputes only the nodes that depend on
-  it (``bitfault.torch.graph``);
+* one copy of the model (``bitfault.torch.replica``): its targeted tensors hold their
+  stored values, a trial writes its faulty ones in and the next puts them back; the
+  clean values are read from the user's model;
+* the clean activations of the model's ``torch.fx`` graph, per data batch within
+  ``max_bytes`` (``bitfault.torch.activations``): a trial whose faults sit in one tensor
+  recomputes only the nodes that depend on it;
 * single faults (one element of one Linear/Conv weight): only the changed
   column/channel and what follows from it (``bitfault.torch.single_faults``).
 
-Other trials (faults in several tensors) run the model once per map. Imports torch
-lazily.
+Other trials (faults in several tensors) run the model once per map. Every cache shares
+the one budget ``max_bytes`` (``bitfault.torch.budget``). Imports torch lazily.
 """
 
 from __future__ import annotations
@@ -33,19 +36,21 @@ from bitfault.campaign.evaluator import (
     MemoryKeys,
     check_max_bytes,
     digest_arrays,
-    gathered_map,
     patch_faulty_elements,
-    predicted_labels,
 )
 from bitfault.formats import plane_formats
 from bitfault.formats.blocks import CODES
 from bitfault.maps import FaultMap
 from bitfault.memory import Memory
-from bitfault.torch.graph import TracedGraph, run_nodes
-from bitfault.torch.replica import ReplicaWrites, _Patched  # noqa: F401 (tests read it)
+from bitfault.torch.activations import CleanActivations
+from bitfault.torch.budget import ByteBudget
+from bitfault.torch.replica import ReplicaWrites, _Patched
 from bitfault.torch.single_faults import SingleFaultPaths
 
 EVALUATED_KINDS = ("weights", "biases", "buffers")  # stored tensors; activations: inject_
+# what a pickled evaluator leaves behind (rebuilt on the worker by ``_fresh_caches``)
+CACHES = ("_budget", "_views", "_patchable", "_envs", "_per_example", "_golden", "_graph",
+          "_replica")
 
 
 def faulty_in(fmap: FaultMap, plane: str, eligible: int) -> bool:
@@ -54,7 +59,7 @@ def faulty_in(fmap: FaultMap, plane: str, eligible: int) -> bool:
     return pmap is not None and bool(np.any(pmap.masks & np.uint32(eligible)))
 
 
-class TorchEvaluator(SingleFaultPaths, ReplicaWrites):
+class TorchEvaluator(SingleFaultPaths, CleanActivations, ReplicaWrites):
     """A PyTorch model on a dataset, implementing the campaign ``Evaluator`` protocol.
 
     ``targets``: what ``bitfault.Targets.coerce`` takes, of kinds "weights", "biases"
@@ -62,12 +67,16 @@ class TorchEvaluator(SingleFaultPaths, ReplicaWrites):
     Embedding; "weights+biases"; a list of tensor names such as ``"fc1.weight"``,
     kept in its order), chosen by ``select_tensors`` as ``inject_`` chooses them;
     ``filter_fn(module, name) -> bool`` (or globs on module names) chooses modules.
-    ``batch_size``: examples per forward pass (None: all at once).
+    ``batch_size``: examples per forward pass (None: all at once). ``device``: where the
+    evaluator's one copy of the model runs.
     ``fast_paths=False`` turns off graph reuse and the single-fault shortcut
-    (every trial then runs the whole model). ``max_bytes`` bounds the stacked
-    activations of the single-fault path. ``root=`` / ``name_prefix=`` name the tensors
+    (every trial then runs the whole model). ``max_bytes`` bounds what the evaluator
+    keeps between trials (clean activations, stored arrays; one budget) and each
+    working stack of the single-fault path. ``root=`` / ``name_prefix=`` name the tensors
     as ``inject_`` does (``naming`` records it; the names enter ``model_digest``). A tied
     tensor is one memory: one name, one map, every module using it sees its faults.
+    The clean values are read from ``model``'s own tensors: changing them in place while
+    the evaluator is in use is refused (``check_model_unchanged``).
     """
 
     def __init__(self, model: Any, x: Any, y: Any, targets: Any = "weights", *,
@@ -102,38 +111,53 @@ class TorchEvaluator(SingleFaultPaths, ReplicaWrites):
         self._setup(model, targets, filter_fn, root, name_prefix, copy_model=True)
 
     def _setup(self, model: Any, targets: Any, filter_fn: Any, root: Any,
-               name_prefix: str | None, copy_model: bool) -> None:
-        """Choose the tensors (public names, model paths, tied places) and the caches."""
+               name_prefix: str | None, copy_model: bool = True) -> None:
+        """Choose the tensors (public names, model paths, tied places), make the one copy
+        of the model (the replica) and the caches. ``copy_model`` is kept for callers:
+        the evaluator always works on its one copy."""
         from bitfault.torch.seam import check_float_dtype
         from bitfault.torch.slots import join_name
         from bitfault.torch.targets import Naming, select_tensors
 
         naming = Naming.of(model, root, name_prefix)
         self.naming = naming.to_dict()
-        self.model = (copy.deepcopy(model) if copy_model else model).to(self.device).eval()
-        chosen = select_tensors(self.model, targets, filter_fn, kinds=EVALUATED_KINDS,
+        chosen = select_tensors(model, targets, filter_fn, kinds=EVALUATED_KINDS,
                                 naming=naming)
         if not chosen:
             raise ValueError("targets selects no tensor of the model")
         for t in chosen:
             check_float_dtype(t.tensor.dtype, f"target tensor {t.name!r}")
+        self.model = copy.deepcopy(model).to(self.device).eval()  # the replica
         self.names = [t.name for t in chosen]  # public names: the maps' names
         paths = [join_name(t.module, t.attr) for t in chosen]
         self._path = dict(zip(self.names, paths, strict=True))
         # model path -> the other paths of a tied tensor (one memory)
         self._aliases = {join_name(t.module, t.attr): [join_name(*p) for p in t.also]
                          for t in chosen if t.also}
-        self._clean = {p: t.tensor.detach() if copy_model else t.tensor.detach().clone()
+        # the clean values: the user's tensors (copied once when on another device)
+        self._clean = {p: t.tensor.detach().to(self.device)
                        for p, t in zip(paths, chosen, strict=True)}
+        self._versions: dict[str, tuple[Any, int]] = {}  # path -> (user's tensor, version)
+        for p, t in zip(paths, chosen, strict=True):
+            c = self._clean[p]
+            if c.device == t.tensor.device and c.data_ptr() == t.tensor.data_ptr():
+                self._versions[p] = (c, c._version)
         self._owner = {p: (t.module, ".", t.attr) for p, t in zip(paths, chosen, strict=True)}
         self._key = MemoryKeys()  # the caches' key of a memory: its format and fault model
+        self._holds: Any = None  # the memory key whose stored values the replica holds
+        self._undo: dict[str, Any] = {}  # path -> what to put back (None: all of it)
+        self._fresh_caches()
+
+    def _fresh_caches(self) -> None:
+        """Empty caches (also what a pickled evaluator starts from)."""
+        self._budget = ByteBudget(self.max_bytes)  # shared by every cache below
         self._views: dict[tuple[str, tuple[str, str]], tuple[np.ndarray, ...]] = {}
-        self._patchable: dict[tuple[str, tuple[str, str]], tuple[Any, ...]] = {}
-        self._stored_cache: dict[tuple[str, str], dict[str, Any]] = {}
+        self._patchable: dict[tuple[str, tuple[str, str]], Any] = {}
+        self._envs: dict[Any, Any] = {}
+        self._per_example: dict[Any, int] = {}
         self._golden = GoldenRuns()
-        self._graph: TracedGraph | bool | None = None  # None: not traced yet; False: untraceable
-        self._replica: tuple[Any, dict[str, Any]] | None = None  # (model, its tensors by name)
-        self._loaded: dict[str, Any] = {}  # name -> the tensor the replica holds (None: faulty)
+        self._graph: Any = None  # None: not traced yet; False: untraceable
+        self._replica: tuple[Any, dict[str, Any]] | None = None  # (model, its tensors)
 
     # ---- the Evaluator protocol ------------------------------------------------------------
 
@@ -149,8 +173,15 @@ class TorchEvaluator(SingleFaultPaths, ReplicaWrites):
         return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
 
     def model_digest(self) -> str:
-        arrays = {k: v.detach().cpu().float().numpy() if v.is_floating_point() else
-                  v.detach().cpu().numpy() for k, v in self.model.state_dict().items()}
+        """The clean model's tensors (the replica's, with the clean values of its targets)
+        and the target names."""
+        clean = dict(self._clean)
+        for path, others in self._aliases.items():
+            clean.update(dict.fromkeys(others, self._clean[path]))
+        arrays = {}
+        for k, v in self.model.state_dict().items():
+            v = clean.get(k, v).detach().cpu()
+            arrays[k] = v.float().numpy() if v.is_floating_point() else v.numpy()
         arrays["__targets__"] = np.array(self.names + [f"{k}={v}" for k, v in
                                                        sorted(self.naming.items())])
         return digest_arrays(arrays)
@@ -160,32 +191,37 @@ class TorchEvaluator(SingleFaultPaths, ReplicaWrites):
 
     def predict(self, batch_of_maps: Sequence[Maps], memory: Memory) -> list[np.ndarray]:
         """Predicted labels for each map set (dict of tensor name -> FaultMap)."""
+        self.check_model_unchanged()
         planes = plane_formats(memory.format)
         eligible = {p: memory.fault.eligible_mask(memory.format, p) for p in planes}
         out: list[np.ndarray | None] = [None] * len(batch_of_maps)
         singles: dict[str, list[tuple[int, int, int]]] = {}
-        for k, maps in enumerate(batch_of_maps):
-            maps = self._by_path(maps)
-            faulted = {n: [p for p in planes if faulty_in(m, p, eligible[p])]
-                       for n, m in maps.items()}
-            active = {n: m for n, m in maps.items() if faulted[n]}
-            if not active:
-                out[k] = self.golden(memory)
-                continue
-            if len(active) == 1 and self.fast_paths:
-                (name, fmap), = active.items()
-                if fmap.indices.size == 1 and faulted[name] == [CODES] and \
-                        self._single_ok(name):
-                    singles.setdefault(name, []).append(
-                        (k, int(fmap.indices[0]), int(fmap.masks[0])))
+        try:
+            for k, maps in enumerate(batch_of_maps):
+                maps = self._by_path(maps)
+                faulted = {n: [p for p in planes if faulty_in(m, p, eligible[p])]
+                           for n, m in maps.items()}
+                active = {n: m for n, m in maps.items() if faulted[n]}
+                if not active:
+                    out[k] = self.golden(memory)
                     continue
-                if self.graph() is not None:
-                    out[k] = self._predict_layer(name, fmap, memory)
-                    continue
-            out[k] = self._predict_full(active, memory)
-        for name, faults in singles.items():
-            for k, pred in self._predict_singles(name, faults, memory).items():
-                out[k] = pred
+                if len(active) == 1 and self.fast_paths:
+                    (name, fmap), = active.items()
+                    if fmap.indices.size == 1 and faulted[name] == [CODES] and \
+                            self._single_ok(name):
+                        singles.setdefault(name, []).append(
+                            (k, int(fmap.indices[0]), int(fmap.masks[0])))
+                        continue
+                    if self.graph() is not None:
+                        out[k] = self._predict_layer(name, fmap, memory)
+                        continue
+                out[k] = self._predict_full(active, memory)
+            for name, faults in singles.items():
+                for k, pred in self._predict_singles(name, faults, memory).items():
+                    out[k] = pred
+        finally:
+            if self._undo and self._holds == self._key(memory):
+                self._put_back(memory)  # the replica holds its stored values again
         return [np.asarray(p) for p in out]
 
     def _by_path(self, maps: Maps) -> Maps:
@@ -207,10 +243,13 @@ class TorchEvaluator(SingleFaultPaths, ReplicaWrites):
     # ---- pickling (Ray): caches are rebuilt on the worker ------------------------------------
 
     def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state.update(_key=MemoryKeys(), _views={}, _stored_cache={}, _golden=GoldenRuns(),
-                     _graph=None, _patchable={}, _loaded={})
+        state = {k: v for k, v in self.__dict__.items() if k not in CACHES}
+        state.update(_key=MemoryKeys(), _versions={})  # the worker holds its own copies
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)  # the replica as pickled, with what it holds (_undo)
+        self._fresh_caches()
 
     # ---- shared pieces ---------------------------------------------------------------------
 
@@ -219,111 +258,38 @@ class TorchEvaluator(SingleFaultPaths, ReplicaWrites):
         size = self.batch_size or n
         return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
-    def stored(self, memory: Memory) -> dict[str, Any]:
-        """Every target tensor stored in the format, no fault (cached per format and fault)."""
-        from bitfault.torch.seam import inject_tensor
-
-        key = self._key(memory)
-        if key not in self._stored_cache:
-            self._stored_cache[key] = {
-                n: inject_tensor(t, memory.format, memory.fault, FaultMap.empty(tuple(t.shape), n))
-                for n, t in self._clean.items()}
-        return self._stored_cache[key]
-
     def faulty(self, name: str, fmap: FaultMap, memory: Memory) -> Any:
-        """``bitfault.torch.inject_tensor`` of the tensor (the compiled one-pass kernel where it
-        applies); otherwise, for formats that store each element on its own (FixedPoint,
-        Float), only the faulty elements are computed and written over the cached stored
-        tensor (the same bits, at a cost proportional to the faults)."""
-        import torch
-
+        """The faulty tensor, a new one (``bitfault.torch.inject_tensor``'s bits): for
+        formats that store each element on its own (FixedPoint, Float) and a sparse map,
+        the stored tensor with only the faulty elements computed."""
         from bitfault.torch.seam import compiled_for, inject_tensor
 
         clean = self._clean[name]
-        compiled = compiled_for(clean, memory.format)  # one fast pass
-        if compiled or not patch_faulty_elements(memory.format, fmap):
+        if compiled_for(clean, memory.format) or not patch_faulty_elements(memory.format,
+                                                                            fmap):
             return inject_tensor(clean, memory.format, memory.fault, fmap)
-        idx = torch.from_numpy(np.array(fmap.indices, np.int64)).to(clean.device)
-        out = self.stored(memory)[name].clone()
+        if self._holds != self._key(memory):
+            self.stored(memory)
+        if name in self._undo and self._undo[name] is None:  # holds another tensor now
+            out = inject_tensor(clean, memory.format, memory.fault,
+                                FaultMap.empty(tuple(clean.shape)))
+        else:
+            out = self._replica_tensors()[name].detach().clone()
+            rec = self._undo.get(name)
+            if isinstance(rec, _Patched):  # its stored values where a trial wrote
+                out.view(-1)[rec.index] = rec.values
+        idx = self._index(fmap, clean.device)
         out.view(-1)[idx] = self._faulty_elements(name, idx, fmap, memory)
         return out
-
-    def _faulty_elements(self, name: str, idx: Any, fmap: FaultMap, memory: Memory) -> Any:
-        """The faulty values of the map's elements alone (flat ``idx`` = its indices), for a
-        format that stores each element on its own (FixedPoint, Float)."""
-        from bitfault.torch.seam import inject_tensor
-
-        return inject_tensor(self._clean[name].reshape(-1)[idx], memory.format, memory.fault,
-                      gathered_map(fmap))
 
     def golden(self, memory: Memory) -> np.ndarray:
         """Predictions with every target stored in the format and no fault (computed once)."""
         return self._golden.get(self._key(memory), lambda: self._forward(self.stored(memory)))
 
     def _predict_full(self, maps: Maps, memory: Memory) -> np.ndarray:
-        params = dict(self.stored(memory))
+        """The whole model with the maps' faulty tensors written into the replica."""
+        self.stored(memory)
         for name, fmap in maps.items():
-            if fmap.n_faults and self._write_faulty(name, fmap, memory):
-                del params[name]  # the replica holds its faulty values already
-            elif fmap.n_faults:
-                params[name] = self.faulty(name, fmap, memory)
-        return self._forward(params)
-
-    # ---- the traced graph --------------------------------------------------------------------
-
-    def graph(self) -> TracedGraph | None:
-        """The model's fx graph, or None when it cannot be traced (then every trial runs
-        the whole model)."""
-        if self._graph is None:
-            self._graph = TracedGraph.trace(self.model) or False
-        return self._graph or None
-
-    def _clean_env(self, memory: Memory) -> list[dict[Any, Any]] | None:
-        """Clean values of every node per data batch; None if the graph is not the model."""
-        import torch
-
-        g = self.graph()
-        if g is None:
-            return None
-        key = self._key(memory)
-        if key not in g.clean:
-            envs = []
-            with torch.no_grad():
-                for b in self._batches():
-                    env: dict[Any, Any] = {}
-                    run_nodes(self.model, g.nodes, env, self._with_aliases(
-                        self.stored(memory)), self.x[b])
-                    envs.append(env)
-            preds = np.concatenate([predicted_labels(e[g.output].float().cpu().numpy())
-                                    for e in envs])
-            if not isinstance(envs[0][g.output], torch.Tensor) or not np.array_equal(
-                    preds, self.golden(memory)):
-                self._graph = False  # the trace does not reproduce the model: no reuse
-                return None
-            g.clean[key] = envs
-        return g.clean[key]
-
-    def _predict_layer(self, name: str, fmap: FaultMap, memory: Memory) -> np.ndarray:
-        """Faults in one tensor: recompute only the nodes that depend on it."""
-        import torch
-
-        envs = self._clean_env(memory)
-        seeds = self.graph().seeds(name, *self._aliases.get(name, ())) \
-            if envs is not None else []
-        if not seeds:
-            return self._predict_full({name: fmap}, memory)
-        g = self.graph()
-        dirty = g.dependents(seeds)
-        start = g.position[seeds[0]]
-        if g.output not in dirty:
-            return self.golden(memory)
-        params = dict(self.stored(memory))
-        params[name] = self.faulty(name, fmap, memory)
-        params = self._with_aliases(params)
-        preds = []
-        with torch.no_grad():
-            for b, clean in zip(self._batches(), envs, strict=True):
-                env = dict(clean)
-                run_nodes(self.model, g.nodes[start:], env, params, self.x[b], only=dirty)
-                preds.append(predicted_labels(env[g.output].float().cpu().numpy()))
-        return np.concatenate(preds)
+            if fmap.n_faults:
+                self._write_faulty(name, fmap, memory)
+        return self._run_replica()

@@ -1,9 +1,10 @@
 """The model's ``torch.fx`` graph, for ``TorchEvaluator``'s clean-activation reuse.
 
-One traced clean run keeps the value of every node (checked by the evaluator to equal
-``model(x)`` bit for bit); a trial whose faults sit in one tensor then recomputes only
-the nodes that depend on that tensor, from the module that owns it: the same
-operations on the same values, so the same bits.
+A traced clean run gives the value of every node (checked by the evaluator to give
+``model(x)``'s predictions); a trial whose faults sit in one tensor then recomputes only
+the nodes that depend on that tensor, from the module that owns it: the same operations
+on the same values, so the same bits. ``run`` evaluates nodes dropping each value after
+its last use (what a forward pass holds), keeping the nodes asked for.
 """
 
 from __future__ import annotations
@@ -14,14 +15,15 @@ from typing import Any
 
 
 class TracedGraph:
-    """A traced model: its nodes in order and, per format key, the clean value of every
-    node per data batch (``clean[key][batch][node]``)."""
+    """A traced model: its nodes in order, where each is read last, and its output."""
 
     def __init__(self, gm: Any) -> None:
         self.nodes = [n for n in gm.graph.nodes]
         self.position = {n: i for i, n in enumerate(self.nodes)}
         self.output = next(n for n in self.nodes if n.op == "output")
-        self.clean: dict[Any, list[dict[Any, Any]]] = {}
+        # node -> the position of the last node reading it (its own if none does)
+        self.last_use = {n: max([self.position[u] for u in n.users] + [self.position[n]])
+                         for n in self.nodes}
 
     @classmethod
     def trace(cls, model: Any) -> TracedGraph | None:
@@ -63,6 +65,32 @@ class TracedGraph:
             if any(a in dirty for a in node.all_input_nodes):
                 dirty.add(node)
         return dirty
+
+    def frontier(self, seeds: Sequence[Any]) -> set[Any]:
+        """The clean values a trial faulting ``seeds`` reads: the inputs of the nodes that
+        depend on them which do not depend on them themselves."""
+        dirty = self.dependents(seeds)
+        return {i for n in dirty for i in n.all_input_nodes if i not in dirty}
+
+    def run(self, model: Any, env: dict[Any, Any], x: Any, start: int = 0,
+            only: set[Any] | None = None, keep: Any = None) -> None:
+        """``run_nodes`` from position ``start`` with the model's own tensors, dropping from
+        ``env`` each value after its last use unless ``keep`` (a set, or None: all) holds
+        it; the output's value stays."""
+        for pos, node in enumerate(self.nodes[start:], start):
+            if only is not None and node not in only:
+                continue
+            run_nodes(model, [node], env, {}, x)
+            if keep is not None:
+                self.drop_dead(env, pos, keep, [*node.all_input_nodes, node])
+
+    def drop_dead(self, env: dict[Any, Any], pos: int, keep: Any,
+                  nodes: Iterable[Any] | None = None) -> None:
+        """Drop from ``env`` the values of ``nodes`` (default: all) that no node after
+        position ``pos`` reads, unless ``keep`` holds them; the output's value stays."""
+        for n in list(env) if nodes is None else nodes:
+            if n in env and self.last_use[n] <= pos and n not in keep and n is not self.output:
+                del env[n]
 
 
 def run_nodes(model: Any, nodes: Iterable[Any], env: dict[Any, Any],

@@ -55,8 +55,7 @@ class SingleFaultPaths:
     def _predict_singles(self, name: str, faults: list[tuple[int, int, int]],
                          memory: Memory) -> dict[int, np.ndarray]:
         """Single faults in one weight: (trial position, flat element, mask) each."""
-        envs = self._clean_env(memory)
-        if envs is None:
+        if self._clean_env(memory) is None:
             return {k: self._predict_full({name: self._single_map(name, e, m)}, memory)
                     for k, e, m in faults}
         golden = self.golden(memory)
@@ -71,7 +70,7 @@ class SingleFaultPaths:
                 groups.append([])
             groups[k].append(f)
         for grp in groups:
-            self._singles_group(name, grp, memory, envs, preds)
+            self._singles_group(name, grp, memory, preds)
         return preds
 
     def _single_map(self, name: str, element: int, mask: int) -> FaultMap:
@@ -79,8 +78,9 @@ class SingleFaultPaths:
         return FaultMap(shape, np.array([element], np.int64), np.array([mask], np.uint32), name)
 
     def _singles_group(self, name: str, faults: list[tuple[int, int, int]], memory: Memory,
-                       envs: list[dict[Any, Any]], preds: dict[int, np.ndarray]) -> None:
-        """Faults on distinct elements of one Linear/Conv weight, evaluated together."""
+                       preds: dict[int, np.ndarray]) -> None:
+        """Faults on distinct elements of one Linear/Conv weight, evaluated together, chunk
+        of examples by chunk (``_env_chunks``: every node's clean value on them)."""
         import torch
         from torch import nn
 
@@ -89,9 +89,6 @@ class SingleFaultPaths:
         call = None if isinstance(self.model.get_submodule(self._owner[name][0]), nn.Linear) \
             else conv_call(g, self.model, name)
         node = g.seeds(name)[0] if call is None else call.node
-        if call is None and envs[0][node.args[0]].ndim != 2:
-            self._layer_each(name, faults, memory, preds)  # (batch, ..., features) inputs
-            return
         dirty = g.dependents(g.seeds(name))
         if g.output not in dirty:
             return
@@ -108,21 +105,23 @@ class SingleFaultPaths:
             new_all[sorted_idx] = self._faulty_elements(name, idx_all[sorted_idx], joint, memory)
         else:
             new_all = self.faulty(name, joint, memory).reshape(-1)[idx_all]
-        params = self._with_aliases({k: v for k, v in stored_all.items() if k != name})
-        per_fault = len(faults)
-        if call is not None:  # bytes per fault: its output channel and its input group
-            per_out = envs[0][node][0].numel() // max(1, shape[0])
-            xin0 = envs[0][call.input if call.input is not None else node.args[0]]
-            per_in = xin0[0].numel() // max(1, xin0.shape[1]) * shape[1] \
-                if call.groups != 1 else 0
-            per_fault = max(1, (self.max_bytes // 4) // max(1, (per_out + per_in)
-                                                           * len(self.labels)))
+        params: dict[str, Any] = {}  # the replica holds every stored tensor
         with torch.no_grad():
-            for c in range(0, len(faults), per_fault):
-                idx = idx_all[c:c + per_fault]
-                new_w, old_w = new_all[c:c + per_fault], stored.reshape(-1)[idx]
-                offset = 0
-                for b, clean in zip(self._batches(), envs, strict=True):
+            for b, clean in self._env_chunks(memory):
+                n = b.stop - b.start
+                if call is None and clean[node.args[0]].ndim != 2:
+                    self._layer_each(name, faults, memory, preds)  # (batch, ..., features)
+                    return
+                per_fault = len(faults)
+                if call is not None:  # bytes per fault: its output channel and input group
+                    per_out = clean[node][0].numel() // max(1, shape[0])
+                    xin0 = clean[call.input if call.input is not None else node.args[0]]
+                    per_in = xin0[0].numel() // max(1, xin0.shape[1]) * shape[1] \
+                        if call.groups != 1 else 0
+                    per_fault = max(1, (self.max_bytes // 4) // max(1, (per_out + per_in) * n))
+                for c in range(0, len(faults), per_fault):
+                    idx = idx_all[c:c + per_fault]
+                    new_w, old_w = new_all[c:c + per_fault], stored.reshape(-1)[idx]
                     if call is None:  # nn.Linear: a column of the output, rank-one
                         xin, out = clean[node.args[0]], clean[node]
                         col = idx // shape[1]
@@ -136,13 +135,12 @@ class SingleFaultPaths:
                         per = int(np.prod(shape[1:]))
                         col = idx // per
                         kernels = stored.reshape(shape[0], -1)[col].clone()
-                        kernels[torch.arange(len(idx)), idx % per] = new_w
+                        kernels[torch.arange(len(idx), device=kernels.device), idx % per] = new_w
                         kernels = kernels.reshape(len(idx), *shape[1:])
                         new = conv.channels(xin, kernels, None if bias is None else bias[col],
                                             col, shape[0])
-                    self._suffix(g, node, dirty, clean, new, col, c, params, b.stop - b.start,
-                                 faults, preds, offset)
-                    offset += b.stop - b.start
+                    self._suffix(g, node, dirty, clean, new, col, c, params, n, faults, preds,
+                                 b.start)
 
     def _layer_each(self, name: str, faults: list[tuple[int, int, int]], memory: Memory,
                     preds: dict[int, np.ndarray]) -> None:
@@ -223,7 +221,7 @@ class SingleFaultPaths:
                 todo = rest[1:]
             else:
                 full = clean[prev][rn].clone()
-                full[torch.arange(len(rn)), col[rf]] = vals[rn, rf]
+                full[torch.arange(len(rn), device=full.device), col[rf]] = vals[rn, rf]
                 env = {prev: full}
                 todo = rest
             for n in todo:
