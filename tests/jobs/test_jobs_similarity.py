@@ -60,7 +60,7 @@ def assets(tmp_path_factory: pytest.TempPathFactory) -> dict:
     rng = np.random.default_rng(1)
     texts = [" ".join(rng.choice(WORDS, size=int(rng.integers(3, 9)))) for _ in range(10)]
     rows, pairs, scores = [], [], []
-    for k in range(18):
+    for _ in range(18):
         i, j = (int(v) for v in rng.choice(10, size=2, replace=False))
         score = float(rng.integers(0, 4))  # ties among the human scores
         rows.append(f"{texts[i]}\t{texts[j]}\t{score}")
