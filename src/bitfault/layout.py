@@ -101,8 +101,8 @@ class WordLayout:
     def pack(self, words: Any, bits: int, which: Any = None) -> np.ndarray:
         """The memory words of a plane (uint64 ``(n,)``; ``(n, lanes)`` above 64 bits): its
         elements' low ``bits`` bits, flat in C order, ``per_word(bits)`` to a word, element
-        0 in the low bits. ``which``: only
-        the memory words at these indices (at the cost of those words alone)."""
+        0 in the low bits. ``which``: only the memory words at these indices (at the cost
+        of those words alone)."""
         k = self.per_word(bits)
         arr = np.asarray(words)
         if arr.dtype.kind not in "iu":
@@ -110,16 +110,18 @@ class WordLayout:
                                     tail=f", got dtype {arr.dtype}")
         flat = arr.reshape(-1)
         n_words = -(-flat.size // k)
-        if which is None:
-            elements = np.arange(n_words * k, dtype=np.int64).reshape(n_words, k)
+        if which is None:  # every word: the elements in order, zero padding at the end
+            values = np.zeros(n_words * k, np.uint64)
+            values[:flat.size] = flat.astype(np.int64).view(np.uint64)
+            values = values.reshape(n_words, k)
         else:
             w = np.asarray(which, dtype=np.int64).reshape(-1)
             if w.size and (w.min() < 0 or w.max() >= n_words):
                 raise ArgumentError("which", which, f"memory word indices in 0..{n_words - 1}")
             elements = w[:, None] * k + np.arange(k)
-        inside = elements < flat.size  # the last word's padding elements are zero
-        values = np.zeros(elements.shape, np.uint64)
-        values[inside] = flat[elements[inside]].astype(np.int64).view(np.uint64)
+            inside = elements < flat.size  # the last word's padding elements are zero
+            values = np.zeros(elements.shape, np.uint64)
+            values[inside] = flat[elements[inside]].astype(np.int64).view(np.uint64)
         values &= np.uint64((1 << bits) - 1)
         if ln.is_wide(self.word_bits):
             return ln.join_fields(values, bits, self.lanes)
