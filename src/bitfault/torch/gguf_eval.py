@@ -43,7 +43,10 @@ class GGUFFileMemory(Memory):
 
     def random_map(self, shape: tuple[int, ...], *, ber: Any = None, count: int | None = None,
                    seed: int = 0, name: str = "", bits: Any = None,
-                   step: int | None = None) -> FaultMap:
+                   step: int | None = None, values: Any = None, words: Any = None
+                   ) -> FaultMap:
+        """The map of tensor ``name`` in the format the file stores it in (``values`` /
+        ``words``: unused, a file's memory is never data-dependent)."""
         if name not in self.formats:
             raise ArgumentError("name", name, "a tensor of the GGUF file")
         fmt = self.formats[name]
