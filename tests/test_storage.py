@@ -134,3 +134,25 @@ def test_a_run_config_takes_the_memory_and_checks_it_before_anything_runs(tmp_pa
     bad = {**base, "campaign": {**base["campaign"], "memory": {"protection": "ecc"}}}
     with pytest.raises(ConfigError, match="campaign.memory"):
         load_config(bad)
+
+
+def test_interleaving_and_wide_words_round_trip_through_the_dict_form():
+    data = {"word_bits": 128, "row_words": 8, "interleave": 4, "protection": "secded",
+            "pattern": {"kind": "mbu", "sizes": {2: 1.0}}}
+    storage = Storage.from_dict(data)
+    assert storage.layout == WordLayout(128, 8, 4)
+    assert Storage.from_dict(storage.to_dict()) == storage
+    assert storage.overhead(bf.IntQuant(8)) == {"codes": 9 / 128}  # SEC-DED (137,128)
+    assert "interleave" not in Storage.from_dict({"word_bits": 64}).to_dict()  # digests kept
+    spec = bf.FaultSpec(format=bf.IntQuant(8), ber=0.01, seed=1, storage=data)
+    fmap = spec.map_for("w", (64, 256))
+    out = fmap.meta["outcomes"]
+    # adjacent double upsets, four words interleaved: each hits two words once, corrected
+    assert out["words"] > 0 and out["corrected"] == out["words"] and out["silent"] == 0
+    assert fmap.n_faults == 0
+    plain = bf.FaultSpec(format=bf.IntQuant(8), ber=0.01, seed=1,
+                         storage={**data, "interleave": 1}).map_for("w", (64, 256))
+    within = plain.meta["outcomes"]  # the same upsets, each inside one word: detected only
+    assert within["bit_errors"] == out["bit_errors"] and within["due"] == within["words"] > 0
+    with pytest.raises(ArgumentError, match="interleave"):
+        Storage.from_dict({**data, "row_words": 6})

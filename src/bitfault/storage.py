@@ -32,7 +32,7 @@ from bitfault.protection import NoProtection, Protection, protection_from_dict
 from bitfault.selective import Part, check_protected_bits, split_overhead, split_parts
 from bitfault.stored_faults import StoredWords, depends_on_data, plane_map, rated
 
-_KEYS = ("word_bits", "row_words", "protection", "pattern", "protected_bits")
+_KEYS = ("word_bits", "row_words", "interleave", "protection", "pattern", "protected_bits")
 
 
 def _scheme(value: Any, argument: str) -> Protection:
@@ -163,8 +163,7 @@ class Storage:
                       if isinstance(self.protection, Mapping) else self.protection.to_dict())
         pattern = {k: v for k, v in self.pattern.to_dict().items()
                    if k != RATE_FIELDS.get(self.pattern.kind)}
-        out = {"word_bits": self.layout.word_bits, "row_words": self.layout.row_words,
-               "protection": protection, "pattern": pattern}
+        out = {**self.layout.to_dict(), "protection": protection, "pattern": pattern}
         if self.protected_bits is not None:  # only then: older storages keep their digests
             out["protected_bits"] = {p: list(b) for p, b in self.protected_bits.items()}
         return out
@@ -179,7 +178,8 @@ class Storage:
             raise ArgumentError("storage", unknown, f"keys of {_KEYS}",
                                 requirement=f"unknown storage key(s) {unknown}; allowed: "
                                             f"{_KEYS}")
-        layout = WordLayout(data.get("word_bits", 64), data.get("row_words"))
+        layout = WordLayout(data.get("word_bits", 64), data.get("row_words"),
+                            data.get("interleave", 1))
         return cls(layout, data.get("protection", "none"),
                    data.get("pattern", {"kind": "independent"}), data.get("protected_bits"))
 
