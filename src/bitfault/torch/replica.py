@@ -62,6 +62,8 @@ class ReplicaWrites:
     _views: dict[Any, tuple[np.ndarray, ...]]
     _patchable: dict[Any, StoredArray | None]
     _budget: ByteBudget
+    _envs: dict[Any, Any]
+    _per_example: dict[Any, int]
     _key: Any
     _batches: Any
 
@@ -96,6 +98,7 @@ class ReplicaWrites:
         if self._holds != key:
             self._holds = None  # while writing: unknown
             self._undo.clear()
+            self._forget_other(key)
             for path, clean in self._clean.items():
                 self._write_whole(path, inject_tensor(clean, memory.format, memory.fault,
                                                       FaultMap.empty(tuple(clean.shape), path)))
@@ -103,6 +106,20 @@ class ReplicaWrites:
         elif self._undo:
             self._put_back(memory)
         return {p: tensors[p] for p in self._clean}
+
+    def _forget_other(self, key: Any) -> None:
+        """What the caches hold for memories other than ``key`` goes: the replica holds one
+        memory's stored values at a time, and the budget is for that memory."""
+        for cache in (self._patchable, self._views):
+            for k in [k for k in cache if k[1] != key]:
+                value = cache.pop(k)
+                if cache is self._patchable and value is not None:
+                    self._budget.give(array_bytes(value))
+        for k in [k for k in self._envs if k != key]:
+            for env in self._envs.pop(k):
+                if env is not None:
+                    self._budget.give(env.nbytes)
+        self._per_example = {k: v for k, v in self._per_example.items() if k == key}
 
     def _write_whole(self, path: str, value: Any) -> None:
         import torch
