@@ -17,6 +17,7 @@ protected campaign relative to the same campaign unprotected (one process).
     python benchmarks/study_protection.py                 # the MLP
     python benchmarks/study_protection.py --models mlp,cnn --chips 10
     python benchmarks/study_protection.py --cases secded-x4,bits76,bit7   # new cases only
+    python benchmarks/study_protection.py --formats int8 --patterns mbu --rates 0.1,0.3
 
 Writes ``study_protection.md``, ``study_protection.json`` and one plot per model and
 format into ``--out``; files already there are refused unless ``--overwrite``.
@@ -46,6 +47,8 @@ from bitfault.torch.train import fit
 RATES = (1e-5, 1e-4, 1e-3, 3e-3, 1e-2, 3e-2)
 MBU = {"kind": "mbu", "sizes": {1: 0.7, 2: 0.2, 3: 0.1}}
 PATTERNS = {"independent": {"kind": "independent"}, "mbu": MBU}
+FORMATS = {"int8": lambda axis: bf.IntQuant(8),
+           "mxfp4": lambda axis: bf.MX("float4_e2m1fn", axis=axis)}
 INTERLEAVED = {"row_words": 64, "interleave": 4}
 # case id -> (table label, storage keys, patterns, formats it applies to); "none" is the
 # baseline of every cost ratio and always runs
@@ -67,12 +70,13 @@ CASES = {
 }
 
 
-def memories(fmt_name: str, fmt: bf.formats.Format,
-             cases: tuple[str, ...]) -> dict[tuple[str, str], bf.Memory]:
+def memories(fmt_name: str, fmt: bf.formats.Format, cases: tuple[str, ...],
+             patterns: tuple[str, ...] = tuple(PATTERNS)) -> dict[tuple[str, str], bf.Memory]:
     """(label, pattern) -> memory of 64-bit words, in the table's order (independent bits
     first, then multi-bit upsets; the earlier cases before the new ones)."""
     out = {}
-    for pattern_name, pattern in PATTERNS.items():
+    for pattern_name in patterns:
+        pattern = PATTERNS[pattern_name]
         for case in cases:
             label, storage, patterns, formats = CASES[case]
             if pattern_name in patterns and fmt_name in formats:
@@ -114,6 +118,17 @@ def outcomes(records: list, clean: float, rates: tuple[float, ...]) -> dict[floa
     return out
 
 
+def within(res: dict[float, dict], clean: float, rates: tuple[float, ...]) -> float | None:
+    """The highest rate whose mean accuracy, and that of every lower rate, is within 0.5
+    points of fault-free (None: not even the lowest)."""
+    kept = None
+    for rate in sorted(rates):
+        if res[rate]["accuracy"] < clean - 0.005:
+            break
+        kept = rate
+    return kept
+
+
 def plot(results: dict, out: Path) -> None:
     """Accuracy vs rate for every protection scheme, one figure per model and format
     (solid: independent bits, dashed: multi-bit upsets)."""
@@ -149,7 +164,7 @@ def plot(results: dict, out: Path) -> None:
 def output_paths(out: Path, models: list[str]) -> list[Path]:
     """Every file a run writes into ``out``."""
     return [out / "study_protection.md", out / "study_protection.json",
-            *(out / f"protection_{m}_{f}.png" for m in models for f in ("int8", "mxfp4"))]
+            *(out / f"protection_{m}_{f}.png" for m in models for f in FORMATS)]
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -157,6 +172,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--models", default="mlp")
     parser.add_argument("--cases", default=",".join(CASES),
                         help=f"comma-separated of {', '.join(CASES)} (none always runs)")
+    parser.add_argument("--formats", default="int8,mxfp4")
+    parser.add_argument("--patterns", default=",".join(PATTERNS))
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--cnn-epochs", type=int, default=5)
     parser.add_argument("--cnn-train", type=int, default=10000)
@@ -174,6 +191,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     cases = [c.strip() for c in args.cases.split(",")]
     if any(c not in CASES for c in cases):
         raise ArgumentError("--cases", args.cases, f"comma-separated of {tuple(CASES)}")
+    for option, allowed in (("formats", FORMATS), ("patterns", PATTERNS)):
+        chosen = getattr(args, option).split(",")
+        if any(c not in allowed for c in chosen):
+            raise ArgumentError(f"--{option}", getattr(args, option),
+                                f"comma-separated of {tuple(allowed)}")
+        setattr(args, option, tuple(c for c in allowed if c in chosen))
     args.models, args.cases = models, tuple(c for c in CASES if c == "none" or c in cases)
     taken = [str(p) for p in output_paths(Path(args.out), models) if p.exists()]
     if taken and not args.overwrite:
@@ -192,15 +215,16 @@ def main() -> int:
     for model_name in args.models:
         setting = SETTINGS[model_name]
         xtr, ytr, xte, yte = data(model_name, args)
-        for fmt_name, fmt in (("int8", bf.IntQuant(8)),
-                              ("mxfp4", bf.MX("float4_e2m1fn", axis=setting["axis"]))):
+        for fmt_name in args.formats:
+            fmt = FORMATS[fmt_name](setting["axis"])
             model = setting["build"]()
             fit(model, xtr, ytr, Recipe.normal(fmt),
                 epochs=args.epochs if model_name == "mlp" else args.cnn_epochs,
                 batch_size=100, lr=setting["lr"], seed=0)
             evaluator = TorchEvaluator(model, xte, yte)
             trials = rate_sweep(rates, args.chips, base_seed=1000)
-            for (scheme, pattern), memory in memories(fmt_name, fmt, args.cases).items():
+            for (scheme, pattern), memory in memories(fmt_name, fmt, args.cases,
+                                                      args.patterns).items():
                 key = (model_name, fmt_name, scheme, pattern)
                 overheads[key[:3]] = overhead(memory, evaluator.tensor_shapes())
                 store = stores / f"{model_name}-{fmt_name}-{scheme}-{pattern}.db".replace(" ", "_")
@@ -211,8 +235,7 @@ def main() -> int:
                 res = outcomes(result.records, clean, rates)
                 results[key] = {"clean": clean, "rates": res, "storage": memory.storage.to_dict(),
                                 "overhead": overheads[key[:3]], "seconds": costs[key]}
-                keep = [r for r in rates if res[r]["accuracy"] >= clean - 0.005]
-                kept = max(keep) if keep and keep[0] == rates[0] else None
+                kept = within(res, clean, rates)
                 cells = " | ".join(
                     f"{100 * res[r]['accuracy']:.1f} ({100 * res[r]['sdc'][0]:.0f}/"
                     f"{100 * res[r]['detected'][0]:.0f})" for r in rates)
