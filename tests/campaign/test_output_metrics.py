@@ -85,3 +85,24 @@ def test_bad_labels_and_kinds_are_refused():
         OutputMetric("accuracy").check((4, 3), None)
     with pytest.raises(bf.ArgumentError, match="metric"):
         OutputMetric("top5")
+
+
+@pytest.mark.parametrize("kind", ["language_model", "accuracy", "agreement"])
+def test_logits_scored_in_row_chunks_equal_one_pass_bit_for_bit(kind, monkeypatch):
+    import bitfault.campaign.metrics as metrics
+
+    rng = np.random.default_rng(4)
+    shape = (3, 9, 50) if kind == "language_model" else (27, 50)
+    clean = (rng.normal(size=shape) * 3).astype(np.float32)
+    faulty = clean + (rng.normal(size=shape) * 0.5).astype(np.float32)
+    faulty.reshape(-1)[[7, 300, 901]] = [np.nan, np.inf, -np.inf]  # rows that are not finite
+    labels = rng.integers(0, 50, shape[:-1])
+    if kind == "language_model":
+        labels[:, -1] = -100
+    labels = None if kind == "agreement" else labels
+    metric = OutputMetric(kind)
+    whole = make_records(metric, faulty, clean, labels)
+    for rows in (1, 4):  # rows per chunk
+        monkeypatch.setattr(metrics, "ROW_CHUNK_BYTES", rows * 8 * 50)
+        assert make_records(metric, faulty, clean, labels).tobytes() == whole.tobytes()
+    assert not np.isfinite(whole["kl"]).all()  # the non-finite rows reached the records

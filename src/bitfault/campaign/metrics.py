@@ -72,6 +72,35 @@ def _kl(clean_logp: np.ndarray, faulty_logp: np.ndarray) -> np.ndarray:
     return np.sum(terms, axis=-1)
 
 
+ROW_CHUNK_BYTES = 4 << 20
+"""Logits are scored this many bytes of float64 rows at a time: the same operations on
+each row as on the whole array (so the same values, bit for bit), in cache."""
+
+
+def _logit_rows(faulty: np.ndarray, clean: np.ndarray, labels: np.ndarray | None
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per row of logits (all axes but the last): top-1 agreement with the clean row, KL(clean
+    || faulty), the faulty top-1 and the faulty row's negative log-likelihood of its label
+    (0 where the label is negative or absent), computed in row chunks."""
+    f, c = np.asarray(faulty), np.asarray(clean)
+    rows, width = f.shape[:-1], f.shape[-1]
+    f2, c2 = f.reshape(-1, width), c.reshape(-1, width)
+    n = f2.shape[0]
+    lab = np.zeros(n, np.int64) if labels is None else np.asarray(labels).reshape(-1)
+    agree, top = np.zeros(n, bool), np.zeros(n, np.int64)
+    kl, nll = np.zeros(n), np.zeros(n)
+    step = max(1, ROW_CHUNK_BYTES // (8 * max(width, 1)))
+    for i in range(0, n, step):
+        part = slice(i, min(i + step, n))
+        lf, lc = _log_softmax(f2[part]), _log_softmax(c2[part])
+        top[part] = _argmax(f2[part])
+        agree[part] = top[part] == _argmax(c2[part])
+        kl[part] = _kl(lc, lf)
+        safe = np.where(lab[part] >= 0, lab[part], 0)
+        nll[part] = -np.take_along_axis(lf, safe[:, None], axis=-1)[:, 0]
+    return (agree.reshape(rows), kl.reshape(rows), top.reshape(rows), nll.reshape(rows))
+
+
 def _refuse(metric: str, shape: tuple[int, ...], wanted: str) -> None:
     raise ArgumentError("metric", metric, f"a metric that fits the model's outputs ({wanted})",
                         requirement=f"metric {metric!r} needs {wanted}; the model's outputs "
@@ -137,20 +166,16 @@ class OutputMetric:
             with np.errstate(all="ignore"):
                 cos = np.sum(f * c, 1) / (np.linalg.norm(f, axis=1) * np.linalg.norm(c, axis=1))
             return {"cosine": np.nan_to_num(cos, nan=0.0)}
-        lf, lc = _log_softmax(faulty), _log_softmax(clean)
-        agree = _argmax(faulty) == _argmax(clean)
-        kl = _kl(lc, lf)
+        labels = None if labels is None else np.asarray(labels, np.int64)
+        agree, kl, top, nll = _logit_rows(faulty, clean, labels)
         if self.kind == "agreement":
             return {"agree": agree.astype(np.float64), "kl": kl}
-        labels = np.asarray(labels, np.int64)
         if self.kind == "accuracy":
-            return {"correct": (_argmax(faulty) == labels).astype(np.float64),
+            return {"correct": (top == labels).astype(np.float64),
                     "agree": agree.astype(np.float64), "kl": kl}
         scored = labels >= 0
-        safe = np.where(scored, labels, 0)
-        nll = -np.take_along_axis(lf, safe[..., None], axis=-1)[..., 0]
         return {"nll": np.sum(np.where(scored, nll, 0.0), 1), "tokens": np.sum(scored, 1) * 1.0,
-                "correct": np.sum(scored & (_argmax(faulty) == labels), 1) * 1.0,
+                "correct": np.sum(scored & (top == labels), 1) * 1.0,
                 "agree": np.sum(scored & agree, 1) * 1.0,
                 "kl": np.sum(np.where(scored, kl, 0.0), 1)}
 
