@@ -180,6 +180,24 @@ def random_faults(model: nn.Module, n: int, seed: int = 0) -> list[Fault]:
             for k, f, b in zip(layer, flat, bits, strict=True)]
 
 
+def downstream_share(model: nn.Module) -> float:
+    """The mean, over faults uniform on weight elements, of the share of the model's
+    Conv/Linear multiply-adds after the faulty layer: what recomputing downstream of each
+    fault exactly costs, in full forwards (the faulty layer's own channel not counted)."""
+    names, macs = weight_names(model), {}
+    hooks = [model.get_submodule(n[:-len(".weight")]).register_forward_hook(
+        lambda m, i, o, n=n: macs.__setitem__(n, o.numel() * m.weight[0].numel()))
+        for n in names]
+    with torch.no_grad():
+        model(torch.zeros(1, 3, 224, 224))
+    for h in hooks:
+        h.remove()
+    flops = np.array([macs[n] for n in names], np.float64)
+    after = (flops.sum() - np.cumsum(flops)) / flops.sum()
+    sizes = np.array([model.get_parameter(n).numel() for n in names], np.float64)
+    return float(np.sum(sizes / sizes.sum() * after))
+
+
 def argmax(logits: torch.Tensor) -> list[int]:
     """Predicted class per row; a NaN logit never wins."""
     logits = logits.double()
@@ -314,6 +332,9 @@ def main(argv: list[str] | None = None) -> None:
           f"{len(weight_names(model))} Conv2d/Linear weights; {args.images} images 224x224 "
           f"({len(set(clean))} distinct clean predictions); {args.faults} single float32 "
           f"weight bit flips; 1 thread")
+    share = downstream_share(model)
+    print(f"exact recomputation downstream of each fault: {share:.3f} of a forward per "
+          f"fault on average, at most {1 / share:.1f}x a full rerun per fault")
     before = {k: v.detach().clone() for k, v in model.state_dict().items()}
     runs: dict[str, Any] = {
         f"bitfault {mib} MiB": lambda r, mib=mib: bitfault_campaign(
