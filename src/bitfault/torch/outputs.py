@@ -8,10 +8,11 @@ metric=evaluator.metric)`` then stores each trial's scores and its outcome (mask
 non-finite, corrupted). What a trial computes is ``TorchEvaluator``'s: every targeted
 tensor stored in the memory's format, the trial's maps faulting theirs, the model's own
 forward in eval mode under ``torch.no_grad()``; a tied tensor is one memory. One copy of
-the model is kept and written in place; clean outputs are cached within ``max_bytes``
-(beyond it they are recomputed per batch). A trial whose faults lie in blocks ``>= k`` of
-the model's stack of transformer blocks starts from the clean output of block ``k - 1``
-(``bitfault.torch.stack_reuse``; those outputs bounded by ``max_bytes`` too).
+the model is kept and written in place; clean outputs are cached in the evaluator's one
+budget of ``max_bytes``, with its other caches (beyond it they are recomputed per
+batch). A trial whose faults lie in blocks ``>= k`` of the model's stack of transformer
+blocks starts from the clean output of block ``k - 1`` (``bitfault.torch.stack_reuse``;
+those outputs bounded by ``max_bytes`` too).
 """
 
 from __future__ import annotations
@@ -96,7 +97,6 @@ class OutputEvaluator(TorchEvaluator):
         self.output_fn = output_fn or model_output
         self._n = n
         self._setup(model, targets, filter_fn, root, name_prefix, copy_model=True)
-        self._clean = {k: v.clone() for k, v in self._clean.items()}  # the model is the replica
         self.stack_reuse = stack_reuse
         self.stack_cache = StackReuse(self.model, stack, self.max_bytes)
         with torch.no_grad():  # the metric must fit the outputs: checked on the first batch
@@ -113,13 +113,6 @@ class OutputEvaluator(TorchEvaluator):
     def _batches(self) -> list[slice]:
         size = self.batch_size or self._n
         return [slice(i, min(i + size, self._n)) for i in range(0, self._n, size)]
-
-    def _replica_tensors(self) -> dict[str, Any]:
-        if self._replica is None:
-            tensors = dict(self.model.named_parameters(remove_duplicate=False))
-            tensors.update(self.model.named_buffers(remove_duplicate=False))
-            self._replica = (self.model, tensors)
-        return self._replica[1]
 
     def _outputs(self, model: Any, b: slice) -> np.ndarray:
         xb = {k: v[b] for k, v in self.x.items()} if isinstance(self.x, dict) else self.x[b]
@@ -149,9 +142,15 @@ class OutputEvaluator(TorchEvaluator):
                     hit = self._outputs(self.model, b)
                 if reuse:
                     reuse.verify(key[0], i, lambda: self._outputs(self.model, b), hit)
-            if sum(v.nbytes for v in self._clean_outs.values()) + hit.nbytes <= self.max_bytes:
+            if self._budget.take(hit.nbytes):  # the evaluator's one budget
                 self._clean_outs[key] = hit
         return hit
+
+    def _forget_other(self, key: Any) -> None:
+        """Also the clean outputs of other memories go (their bytes back to the budget)."""
+        super()._forget_other(key)
+        for k in [k for k in self._clean_outs if k[0] != key]:
+            self._budget.give(self._clean_outs.pop(k).nbytes)
 
     def predict(self, batch_of_maps: Sequence[Maps], memory: Memory) -> list[np.ndarray]:
         """Per-example records (``bitfault.campaign.metrics.make_records``) for each map set."""
