@@ -147,7 +147,8 @@ def plot(results: dict, out: Path) -> None:
                 continue
             rates = sorted(r["rates"], key=float)
             ax.plot([float(p) for p in rates], [100 * r["rates"][p]["accuracy"] for p in rates],
-                    "-" if key[3] == "independent" else "--", marker="o", markersize=3,
+                    "-" if key[3] == "independent" else "--",
+                    marker="os^vDPX*"[schemes.index(key[2]) % 8], markersize=3.5,
                     color=plt.cm.tab10(schemes.index(key[2])), label=f"{key[2]} ({key[3]})")
         clean = results[next(k for k in results if k[:2] == (model, fmt))]["clean"]
         ax.axhline(100 * clean, color="grey", linestyle=":", linewidth=1, label="no faults")
