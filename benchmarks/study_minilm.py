@@ -18,7 +18,7 @@ at the highest rate, else any) is recomputed by hand: ``bitfault.inject`` of eve
 written into a copy of the model, the embeddings and their Spearman (scipy) computed
 here; the engine's stored Spearman and non-finite pairs must agree.
 
-    python benchmarks/study_minilm.py --json minilm.json      # defaults: ~10 min, 1 core
+    python benchmarks/study_minilm.py --json minilm.json      # 120 trials, ~10-18 min
     python benchmarks/study_minilm.py --formats bfloat16 --rates 1e-8 1e-7 --chips 3
 """
 
@@ -288,6 +288,7 @@ def main(argv: list[str] | None = None) -> dict:
     from bitfault.torch.hf import mean_pooled
 
     torch.set_num_threads(args.threads)
+    began_all = time.perf_counter()
     path = minilm_path()
     tok, model = AutoTokenizer.from_pretrained(path), AutoModel.from_pretrained(path).eval()
     lee = text_pairs("lee")
@@ -350,7 +351,8 @@ def main(argv: list[str] | None = None) -> dict:
                                                  "description": FORMATS[n][1]}
                                              for n in args.formats},
            "rows": rows, "checks": checks, "seconds": seconds,
-           "clean_pass_seconds": forward_s}
+           "clean_pass_seconds": forward_s,
+           "total_seconds": time.perf_counter() - began_all}
     if args.json is not None:
         write_new(Path(args.json), out)
     if not all(c["agree"] for c in checks):
