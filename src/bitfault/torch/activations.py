@@ -7,8 +7,9 @@ where that does not fit, only the values layer trials read (the clean inputs of 
 nodes that depend on a target tensor), or nothing. A trial on a batch that kept
 nothing (or too little) recomputes it from the replica's stored tensors: a layer trial
 runs the whole graph on the batch, dropping each value after its last use; single
-faults take its complete values in chunks of examples that fit in ``max_bytes``
-(measured on one example). The same operations on the same values: the same results.
+faults take, in one pass over the data per ``predict``, its complete values or chunks of
+examples whose values from the earliest faulted node on fit in ``max_bytes`` (measured
+on one example). The same operations on the same values: the same results.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ class CleanActivations:
     _budget: ByteBudget
     _graph: Any
     _envs: dict[Any, list[BatchEnv | None]]
-    _per_example: dict[Any, int]
+    _per_example: dict[Any, dict[int, int]]
     _aliases: dict[str, list[str]]
     _clean: dict[str, Any]
     _key: Any
@@ -151,39 +152,46 @@ class CleanActivations:
             return None, preds
         return BatchEnv(values, mode == "complete", nbytes), preds
 
-    def _env_chunks(self, memory: Memory) -> Iterator[tuple[slice, dict[Any, Any]]]:
-        """(examples, every node's clean value on them) covering the data: the batches
-        that keep complete values, and the others recomputed in chunks of examples whose
-        values fit in ``max_bytes`` (one example at least)."""
+    def _env_chunks(self, memory: Memory, start: int = 0
+                    ) -> Iterator[tuple[slice, dict[Any, Any]]]:
+        """(examples, clean values on them) covering the data: the batches that keep
+        complete values, and the others recomputed in chunks of examples, keeping only
+        the values of the nodes from position ``start`` on and what those read
+        (``TracedGraph.needed_from``), chunks whose kept values fit in ``max_bytes`` (one
+        example at least)."""
         import torch
 
         g = self.graph()
         envs = self._clean_env(memory)
         self.stored(memory)
+        keep = g.needed_from(start)
         for b, kept in zip(self._batches(), envs, strict=True):
             if kept is not None and kept.complete:
                 yield b, kept.values
                 continue
-            size = max(1, self.max_bytes // max(1, self._example_bytes(memory)))
+            size = max(1, self.max_bytes // max(1, self._example_bytes(memory, start)))
             for a in range(b.start, b.stop, size):
                 chunk = slice(a, min(a + size, b.stop))
                 env: dict[Any, Any] = {}
                 with torch.no_grad():
-                    g.run(self.model, env, self.x[chunk])
+                    g.run(self.model, env, self.x[chunk], keep=keep)
                 yield chunk, env
 
-    def _example_bytes(self, memory: Memory) -> int:
-        """Bytes of every node's clean value for one example (measured once)."""
+    def _example_bytes(self, memory: Memory, start: int = 0) -> int:
+        """Bytes of the clean values ``_env_chunks(memory, start)`` keeps for one example
+        (measured once per memory and start)."""
         import torch
 
         key = self._key(memory)
-        if key not in self._per_example:
+        per_start = self._per_example.setdefault(key, {})
+        if start not in per_start:
             self.stored(memory)
+            g = self.graph()
             env: dict[Any, Any] = {}
             with torch.no_grad():
-                self.graph().run(self.model, env, self.x[0:1])
-            self._per_example[key] = held_bytes(env.values(), self._excluded())
-        return self._per_example[key]
+                g.run(self.model, env, self.x[0:1], keep=g.needed_from(start))
+            per_start[start] = held_bytes(env.values(), self._excluded())
+        return per_start[start]
 
     def _predict_layer(self, name: str, fmap: FaultMap, memory: Memory) -> np.ndarray:
         """Faults in one tensor: recompute only the nodes that depend on it (the whole

@@ -22,6 +22,8 @@ import operator
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from bitfault.torch.graph import submodule
+
 _BINARY = {operator.add: operator.add, operator.iadd: operator.add, operator.sub: operator.sub,
            operator.isub: operator.sub, operator.mul: operator.mul,
            operator.imul: operator.mul}
@@ -40,7 +42,7 @@ def _unary(model: Any, node: Any) -> bool:
     if node.op == "call_method":
         return node.target in ("relu", "sigmoid", "tanh")
     if node.op == "call_module":
-        mod = model.get_submodule(node.target)
+        mod = submodule(model, node.target)
         return not mod.training and (isinstance(mod, (
             nn.ReLU, nn.ReLU6, nn.Hardtanh, nn.Hardswish, nn.SiLU, nn.GELU, nn.Sigmoid,
             nn.Tanh, nn.Identity, nn.Dropout)) or (isinstance(
@@ -72,7 +74,7 @@ def channel_step(node: Any, prev: Any, model: Any, params: Mapping[str, Any], co
         return unary
     if node.op == "call_module" and node.all_input_nodes == [prev] and len(node.args) == 1 \
             and not node.kwargs:
-        mod = model.get_submodule(node.target)
+        mod = submodule(model, node.target)
         got = {k: params.get(f"{node.target}.{k}", t) for k, t in
                (*mod.named_parameters(recurse=False), *mod.named_buffers(recurse=False))}
         bns = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)

@@ -23,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from bitfault.torch.graph import submodule
+
 _ARGS = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
 _DEFAULTS = {"bias": None, "stride": 1, "padding": 0, "dilation": 1, "groups": 1}
 
@@ -150,7 +152,7 @@ def captured(call: ConvCall, model: Any, xin: Any, clean_out: Any,
             return out
 
     with torch.no_grad(), Record():
-        out = functional_call(model.get_submodule(call.module), own, (xin,))
+        out = functional_call(submodule(model, call.module), own, (xin,))
     if len(calls) != 1 or other or out is not calls[0][2]:
         return None
     fn, bound, conv_out = calls[0]

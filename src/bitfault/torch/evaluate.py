@@ -50,7 +50,7 @@ from bitfault.torch.single_faults import SingleFaultPaths
 EVALUATED_KINDS = ("weights", "biases", "buffers")  # stored tensors; activations: inject_
 # what a pickled evaluator leaves behind (rebuilt on the worker by ``_fresh_caches``)
 CACHES = ("_budget", "_views", "_patchable", "_envs", "_per_example", "_golden", "_graph",
-          "_replica")
+          "_replica", "_single_calls")
 
 
 def faulty_in(fmap: FaultMap, plane: str, eligible: int) -> bool:
@@ -154,7 +154,8 @@ class TorchEvaluator(SingleFaultPaths, CleanActivations, ReplicaWrites):
         self._views: dict[tuple[str, tuple[str, str]], tuple[np.ndarray, ...]] = {}
         self._patchable: dict[tuple[str, tuple[str, str]], Any] = {}
         self._envs: dict[Any, Any] = {}
-        self._per_example: dict[Any, int] = {}
+        self._per_example: dict[Any, dict[int, int]] = {}  # memory -> start -> bytes
+        self._single_calls: dict[str, Any] = {}  # tensor -> its single-fault call
         self._golden = GoldenRuns()
         self._graph: Any = None  # None: not traced yet; False: untraceable
         self._replica: tuple[Any, dict[str, Any]] | None = None  # (model, its tensors)
@@ -216,8 +217,8 @@ class TorchEvaluator(SingleFaultPaths, CleanActivations, ReplicaWrites):
                         out[k] = self._predict_layer(name, fmap, memory)
                         continue
                 out[k] = self._predict_full(active, memory)
-            for name, faults in singles.items():
-                for k, pred in self._predict_singles(name, faults, memory).items():
+            if singles:  # one pass over the data for every tensor's single faults
+                for k, pred in self._predict_singles(singles, memory).items():
                     out[k] = pred
         finally:
             if self._undo and self._holds == self._key(memory):

@@ -10,8 +10,21 @@ its last use (what a forward pass holds), keeping the nodes asked for.
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+
+# model -> (module path -> module): ``run_nodes``'s lookups, made once per model (the
+# models run here are the evaluator's own copies, whose modules do not change)
+_MODULES: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def submodule(model: Any, path: str) -> Any:
+    """``model.get_submodule(path)``, looked up once per model and path."""
+    found = _MODULES.setdefault(model, {})
+    if path not in found:
+        found[path] = model.get_submodule(path)
+    return found[path]
 
 
 class TracedGraph:
@@ -24,6 +37,7 @@ class TracedGraph:
         # node -> the position of the last node reading it (its own if none does)
         self.last_use = {n: max([self.position[u] for u in n.users] + [self.position[n]])
                          for n in self.nodes}
+        self._needed: dict[int, frozenset[Any]] = {}
 
     @classmethod
     def trace(cls, model: Any) -> TracedGraph | None:
@@ -71,6 +85,15 @@ class TracedGraph:
         depend on them which do not depend on them themselves."""
         dirty = self.dependents(seeds)
         return {i for n in dirty for i in n.all_input_nodes if i not in dirty}
+
+    def needed_from(self, start: int) -> frozenset[Any]:
+        """The nodes a recomputation from position ``start`` on makes or reads: those from
+        ``start`` and their inputs (all nodes for 0)."""
+        if start not in self._needed:
+            later = self.nodes[start:]
+            self._needed[start] = frozenset(later).union(
+                *(n.all_input_nodes for n in later))
+        return self._needed[start]
 
     def run(self, model: Any, env: dict[Any, Any], x: Any, start: int = 0,
             only: set[Any] | None = None, keep: Any = None) -> None:
@@ -123,9 +146,9 @@ def run_nodes(model: Any, nodes: Iterable[Any], env: dict[Any, Any],
             else:  # call_module
                 prefix = node.target + "."
                 own = {k[len(prefix):]: v for k, v in params.items() if k.startswith(prefix)}
-                mod = model.get_submodule(node.target)
+                mod = submodule(model, node.target)
                 env[node] = functional_call(mod, own, args, kwargs) if own else mod(*args,
                                                                                    **kwargs)
 
 
-__all__ = ["TracedGraph", "run_nodes"]
+__all__ = ["TracedGraph", "run_nodes", "submodule"]

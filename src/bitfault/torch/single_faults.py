@@ -11,6 +11,7 @@ that column (see docs/campaigns.md).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -20,11 +21,45 @@ from bitfault.maps import FaultMap
 from bitfault.memory import Memory
 from bitfault.torch.channel_ops import channel_step
 from bitfault.torch.conv_calls import ConvCall, captured, conv_call
-from bitfault.torch.graph import TracedGraph, run_nodes
+from bitfault.torch.graph import TracedGraph, run_nodes, submodule
 
 # Stacked rows per call, at most: larger stacks ran slower on the CPU (a MobileNetV2-style
 # net, 64x64 inputs: 256 MiB stacks 5.5x slower than 16 MiB ones; docs/campaigns.md).
 STACK_BYTES = 16 << 20
+Fault = tuple[int, int, int]  # (trial position, flat element, bit mask)
+
+
+@dataclass
+class SinglesJob:
+    """Faults on distinct elements of one weight (one injection), with what every chunk of
+    examples needs: the call using the weight (None: an ``nn.Linear``), the node holding
+    its output, the nodes they change, the position of the first node reading the
+    weight, the flat elements and their faulty values; ``layer_path`` once the shortcut
+    was found not to apply."""
+
+    name: str
+    faults: list[Fault]
+    call: ConvCall | None
+    node: Any
+    dirty: set[Any]
+    start: int
+    idx: Any
+    new: Any
+    layer_path: bool = False
+
+
+def _groups(faults: list[Fault]) -> list[list[Fault]]:
+    """Faults on distinct elements share one injection (the format acts per element): an
+    element's k-th fault goes to group k."""
+    groups: list[list[Fault]] = []
+    seen: dict[int, int] = {}  # element -> faults on it so far
+    for f in faults:
+        k = seen.get(f[1], 0)
+        seen[f[1]] = k + 1
+        if k == len(groups):
+            groups.append([])
+        groups[k].append(f)
+    return groups
 
 
 class SingleFaultPaths:
@@ -38,66 +73,85 @@ class SingleFaultPaths:
     _clean: dict[str, Any]
     _owner: dict[str, tuple[str, str, str]]
     _aliases: dict[str, list[str]]
+    _single_calls: dict[str, ConvCall | bool | None]
 
     def _single_ok(self, name: str) -> bool:
+        """Whether a single fault in tensor ``name`` can take the shortcut (asked once per
+        tensor: the graph and the modules do not change)."""
+        if self.graph() is None:
+            return False
+        if name not in self._single_calls:
+            self._single_calls[name] = self._single_call(name)
+        return self._single_calls[name] is not False
+
+    def _single_call(self, name: str) -> ConvCall | bool | None:
+        """The convolution call behind weight ``name``, None for an ``nn.Linear`` called on
+        one input, False when the shortcut does not apply."""
         from torch import nn
 
         module, _, attr = self._owner[name]
         mod = self.model.get_submodule(module) if module else self.model
-        if attr != "weight" or name in self._aliases or self.graph() is None:
+        if attr != "weight" or name in self._aliases:
             return False
         if isinstance(mod, nn.Linear):
             seeds = self.graph().seeds(name)
-            return (len(seeds) == 1 and seeds[0].op == "call_module" and seeds[0].target == module
-                    and len(seeds[0].args) == 1 and not seeds[0].kwargs)
-        return conv_call(self.graph(), self.model, name) is not None
+            ok = (len(seeds) == 1 and seeds[0].op == "call_module" and seeds[0].target == module
+                  and len(seeds[0].args) == 1 and not seeds[0].kwargs)
+            return None if ok else False
+        call = conv_call(self.graph(), self.model, name)
+        return False if call is None else call
 
-    def _predict_singles(self, name: str, faults: list[tuple[int, int, int]],
+    def _predict_singles(self, singles: Mapping[str, list[tuple[int, int, int]]],
                          memory: Memory) -> dict[int, np.ndarray]:
-        """Single faults in one weight: (trial position, flat element, mask) each."""
+        """Single faults, tensor name -> (trial position, flat element, mask) each, all
+        evaluated in one pass over the data: each chunk of examples' clean values (from the
+        earliest faulted node on) are computed once and used by every tensor's faults."""
+        import torch
+
         if self._clean_env(memory) is None:
             return {k: self._predict_full({name: self._single_map(name, e, m)}, memory)
-                    for k, e, m in faults}
+                    for name, faults in singles.items() for k, e, m in faults}
         golden = self.golden(memory)
-        preds = {k: golden.copy() for k, _, _ in faults}
-        # faults on distinct elements can share one injection (the format acts per element)
-        groups: list[list[tuple[int, int, int]]] = []
-        seen: dict[int, int] = {}  # element -> faults on it so far: its k-th goes to group k
-        for f in faults:
-            k = seen.get(f[1], 0)
-            seen[f[1]] = k + 1
-            if k == len(groups):
-                groups.append([])
-            groups[k].append(f)
-        for grp in groups:
-            self._singles_group(name, grp, memory, preds)
+        preds = {k: golden.copy() for faults in singles.values() for k, _, _ in faults}
+        jobs = [job for name, faults in singles.items() for grp in _groups(faults)
+                if (job := self._singles_job(name, grp, memory)) is not None]
+        if jobs:
+            stored_all = self.stored(memory)
+            params: dict[str, Any] = {}  # the replica holds every stored tensor
+            with torch.no_grad():
+                for b, clean in self._env_chunks(memory, min(j.start for j in jobs)):
+                    for job in jobs:
+                        if not job.layer_path:
+                            job.layer_path = not self._singles_chunk(
+                                job, b, clean, stored_all, params, preds)
+        for job in jobs:
+            if job.layer_path:  # not provably the shortcut's computation: the layer path
+                self._layer_each(job.name, job.faults, memory, preds)
         return preds
 
     def _single_map(self, name: str, element: int, mask: int) -> FaultMap:
         shape = tuple(self._clean[name].shape)
         return FaultMap(shape, np.array([element], np.int64), np.array([mask], np.uint32), name)
 
-    def _singles_group(self, name: str, faults: list[tuple[int, int, int]], memory: Memory,
-                       preds: dict[int, np.ndarray]) -> None:
-        """Faults on distinct elements of one Linear/Conv weight, evaluated together, chunk
-        of examples by chunk (``_env_chunks``: every node's clean value on them)."""
+    def _singles_job(self, name: str, faults: list[tuple[int, int, int]],
+                     memory: Memory) -> SinglesJob | None:
+        """Faults on distinct elements of one Linear/Conv weight, ready to be evaluated
+        chunk by chunk; None when they cannot change the output."""
         import torch
-        from torch import nn
 
         g = self.graph()
         shape = tuple(self._clean[name].shape)
-        call = None if isinstance(self.model.get_submodule(self._owner[name][0]), nn.Linear) \
-            else conv_call(g, self.model, name)
-        node = g.seeds(name)[0] if call is None else call.node
-        dirty = g.dependents(g.seeds(name))
+        call = self._single_calls[name]
+        seeds = g.seeds(name)
+        node = seeds[0] if call is None else call.node
+        dirty = g.dependents(seeds)
         if g.output not in dirty:
-            return
+            return None
         elems = np.array([e for _, e, _ in faults], np.int64)
         order = np.argsort(elems)
         joint = FaultMap(shape, elems[order], np.array([m for _, _, m in faults],
                                                        np.uint32)[order], name)
-        stored_all = self.stored(memory)
-        stored = stored_all[name]
+        stored = self.stored(memory)[name]
         idx_all = torch.as_tensor(elems, device=self.device)
         if stores_elementwise(memory.format):  # only the faulty elements change
             new_all = torch.empty(len(faults), dtype=stored.dtype, device=self.device)
@@ -105,42 +159,53 @@ class SingleFaultPaths:
             new_all[sorted_idx] = self._faulty_elements(name, idx_all[sorted_idx], joint, memory)
         else:
             new_all = self.faulty(name, joint, memory).reshape(-1)[idx_all]
-        params: dict[str, Any] = {}  # the replica holds every stored tensor
-        with torch.no_grad():
-            for b, clean in self._env_chunks(memory):
-                n = b.stop - b.start
-                if call is None and clean[node.args[0]].ndim != 2:
-                    self._layer_each(name, faults, memory, preds)  # (batch, ..., features)
-                    return
-                per_fault = len(faults)
-                if call is not None:  # bytes per fault: its output channel and input group
-                    per_out = clean[node][0].numel() // max(1, shape[0])
-                    xin0 = clean[call.input if call.input is not None else node.args[0]]
-                    per_in = xin0[0].numel() // max(1, xin0.shape[1]) * shape[1] \
-                        if call.groups != 1 else 0
-                    per_fault = max(1, (self.max_bytes // 4) // max(1, (per_out + per_in) * n))
-                for c in range(0, len(faults), per_fault):
-                    idx = idx_all[c:c + per_fault]
-                    new_w, old_w = new_all[c:c + per_fault], stored.reshape(-1)[idx]
-                    if call is None:  # nn.Linear: a column of the output, rank-one
-                        xin, out = clean[node.args[0]], clean[node]
-                        col = idx // shape[1]
-                        new = out[:, col] + xin[:, idx % shape[1]] * (new_w - old_w)
-                    else:
-                        got = self._conv_inputs(call, clean, stored_all, name)
-                        if got is None:  # not provably one convolution: the layer path
-                            self._layer_each(name, faults, memory, preds)
-                            return
-                        conv, xin, bias = got
-                        per = int(np.prod(shape[1:]))
-                        col = idx // per
-                        kernels = stored.reshape(shape[0], -1)[col].clone()
-                        kernels[torch.arange(len(idx), device=kernels.device), idx % per] = new_w
-                        kernels = kernels.reshape(len(idx), *shape[1:])
-                        new = conv.channels(xin, kernels, None if bias is None else bias[col],
-                                            col, shape[0])
-                    self._suffix(g, node, dirty, clean, new, col, c, params, n, faults, preds,
-                                 b.start)
+        return SinglesJob(name, faults, call, node, dirty, g.position[seeds[0]], idx_all,
+                          new_all)
+
+    def _singles_chunk(self, job: SinglesJob, b: slice, clean: dict[Any, Any],
+                       stored_all: Mapping[str, Any], params: Mapping[str, Any],
+                       preds: dict[int, np.ndarray]) -> bool:
+        """Evaluate ``job``'s faults on examples ``b`` (``clean``: their clean values);
+        False (and nothing done) when the shortcut does not provably apply."""
+        import torch
+
+        g, call, node, faults = self.graph(), job.call, job.node, job.faults
+        stored = stored_all[job.name]
+        shape = tuple(stored.shape)
+        n = b.stop - b.start
+        if call is None and clean[node.args[0]].ndim != 2:
+            return False  # (batch, ..., features): the layer path
+        conv = xin = bias = None
+        per_fault = len(faults)
+        if call is not None:
+            got = self._conv_inputs(call, clean, stored_all, job.name)
+            if got is None:  # not provably one convolution
+                return False
+            conv, xin, bias = got
+            # bytes per fault: its output channel and input group
+            per_out = clean[node][0].numel() // max(1, shape[0])
+            xin0 = clean[call.input if call.input is not None else node.args[0]]
+            per_in = xin0[0].numel() // max(1, xin0.shape[1]) * shape[1] \
+                if call.groups != 1 else 0
+            per_fault = max(1, (self.max_bytes // 4) // max(1, (per_out + per_in) * n))
+        for c in range(0, len(faults), per_fault):
+            idx = job.idx[c:c + per_fault]
+            new_w, old_w = job.new[c:c + per_fault], stored.reshape(-1)[idx]
+            if call is None:  # nn.Linear: a column of the output, rank-one
+                x_lin, out = clean[node.args[0]], clean[node]
+                col = idx // shape[1]
+                new = out[:, col] + x_lin[:, idx % shape[1]] * (new_w - old_w)
+            else:
+                per = int(np.prod(shape[1:]))
+                col = idx // per
+                kernels = stored.reshape(shape[0], -1)[col].clone()
+                kernels[torch.arange(len(idx), device=kernels.device), idx % per] = new_w
+                kernels = kernels.reshape(len(idx), *shape[1:])
+                new = conv.channels(xin, kernels, None if bias is None else bias[col],
+                                    col, shape[0])
+            self._suffix(g, node, job.dirty, clean, new, col, c, params, n, faults, preds,
+                         b.start)
+        return True
 
     def _layer_each(self, name: str, faults: list[tuple[int, int, int]], memory: Memory,
                     preds: dict[int, np.ndarray]) -> None:
@@ -159,7 +224,7 @@ class SingleFaultPaths:
             return captured(call, self.model, clean[call.node.args[0]], clean[call.node], own)
         bias = call.bias
         if isinstance(bias, str):
-            mod = self.model.get_submodule(call.bias.rpartition(".")[0])
+            mod = submodule(self.model, call.bias.rpartition(".")[0])
             bias = stored_all.get(call.bias, mod.bias)
         elif bias is not None:
             bias = clean[bias]
@@ -172,7 +237,7 @@ class SingleFaultPaths:
 
         if node.op != "call_module" or node.args != (prev,) or node.kwargs:
             return None
-        mod = self.model.get_submodule(node.target)
+        mod = submodule(self.model, node.target)
         ok = isinstance(mod, nn.Linear) and clean[prev].ndim == 2
         return mod if ok else None
 
@@ -243,4 +308,4 @@ def _changed(v: Any, ref: Any) -> Any:
     return (v != ref).reshape(v.shape[0], v.shape[1], -1).any(2)
 
 
-__all__ = ["SingleFaultPaths"]
+__all__ = ["SingleFaultPaths", "SinglesJob"]
