@@ -37,7 +37,8 @@ class TracedGraph:
         # node -> the position of the last node reading it (its own if none does)
         self.last_use = {n: max([self.position[u] for u in n.users] + [self.position[n]])
                          for n in self.nodes}
-        self._needed: dict[int, frozenset[Any]] = {}
+        self._needed: dict[int, frozenset[Any]] = {}  # start -> needed_from(start)
+        self._seeds: dict[tuple[str, ...], list[Any]] = {}  # names -> seeds(*names)
 
     @classmethod
     def trace(cls, model: Any) -> TracedGraph | None:
@@ -64,13 +65,15 @@ class TracedGraph:
 
     def seeds(self, *names: str) -> list[Any]:
         """The nodes that read tensor ``names`` (the paths of one tensor, tied or not), in
-        graph order: calls of the (leaf) module holding it, or reads of it."""
+        graph order: calls of the (leaf) module holding it, or reads of it (found once)."""
         def reads(n: Any, name: str) -> bool:
             module = name.rpartition(".")[0]
             if n.op == "call_module":
                 return n.target == module or module.startswith(n.target + ".")
             return n.op == "get_attr" and n.target == name
-        return [n for n in self.nodes if any(reads(n, name) for name in names)]
+        if names not in self._seeds:
+            self._seeds[names] = [n for n in self.nodes if any(reads(n, m) for m in names)]
+        return list(self._seeds[names])
 
     def dependents(self, seeds: Sequence[Any]) -> set[Any]:
         """``seeds`` (in graph order) and every node after the first that depends on them."""
