@@ -65,3 +65,27 @@ def test_clean_outputs_counted_in_the_budget(batch_size):
                             max_bytes=1 << 20, stack_reuse=False)
     assert whole.predict([maps], INT8)[0].tobytes() == first.tobytes()
     assert whole._budget.used >= 6 * 32 * 4
+
+
+def test_language_model_clean_side_kept_in_the_budget_same_records():
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=2, num_attention_heads=2,
+                                   num_key_value_heads=2, max_position_embeddings=64)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    from bitfault.torch.hf import next_token_labels
+
+    ids = torch.as_tensor(np.random.default_rng(2).integers(0, 64, (4, 12)))
+    labels = next_token_labels(ids.numpy())
+    kept = OutputEvaluator(model, ids, "language_model", labels=labels, batch_size=2)
+    bare = OutputEvaluator(model, ids, "language_model", labels=labels, batch_size=2,
+                           max_bytes=0, stack_reuse=False)  # nothing kept
+    for seed in range(3):
+        maps = trial_maps(rate_sweep([1e-3], 1, base_seed=seed)[0], BF16,
+                          kept.tensor_shapes())
+        assert kept.predict([maps], BF16)[0].tobytes() == bare.predict([maps], BF16)[0].tobytes()
+    assert len(kept._clean_rows) == 2 and not bare._clean_rows
+    logits = 4 * 12 * 64
+    held = sum(v.nbytes for c in (kept._clean_outs, kept._clean_rows) for v in c.values())
+    assert held == logits * 4 + logits * 16 + 4 * 12 * 8  # float32 logits; float64 log p, p
+    assert held <= kept._budget.used <= kept.max_bytes  # with the stored arrays, one budget

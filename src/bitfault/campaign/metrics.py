@@ -59,14 +59,19 @@ def _log_softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def _argmax(logits: np.ndarray) -> np.ndarray:
-    """Argmax over the last axis; a NaN never wins (as ``predicted_labels``)."""
-    x = np.asarray(logits, dtype=np.float64)
+    """Argmax over the last axis; a NaN never wins (as ``predicted_labels``). Float logits
+    are compared in their own dtype (widening to float64 keeps their order: same index)."""
+    x = np.asarray(logits)
+    if not np.issubdtype(x.dtype, np.floating):
+        x = x.astype(np.float64)
     return np.argmax(np.where(np.isnan(x), -np.inf, x), axis=-1)
 
 
-def _kl(clean_logp: np.ndarray, faulty_logp: np.ndarray) -> np.ndarray:
-    """KL(clean || faulty) over the last axis, in nats (0 where clean gives no mass)."""
-    p = np.exp(clean_logp)
+def _kl(clean_logp: np.ndarray, faulty_logp: np.ndarray, p: np.ndarray | None = None
+        ) -> np.ndarray:
+    """KL(clean || faulty) over the last axis, in nats (0 where clean gives no mass);
+    ``p``: ``exp(clean_logp)`` when already known."""
+    p = np.exp(clean_logp) if p is None else p
     with np.errstate(all="ignore"):
         terms = np.where(p > 0, p * (clean_logp - faulty_logp), 0.0)
     return np.sum(terms, axis=-1)
@@ -77,11 +82,43 @@ ROW_CHUNK_BYTES = 4 << 20
 each row as on the whole array (so the same values, bit for bit), in cache."""
 
 
-def _logit_rows(faulty: np.ndarray, clean: np.ndarray, labels: np.ndarray | None
+@dataclass(frozen=True)
+class CleanRows:
+    """The clean side of the logit metrics, computed once per batch of clean logits (what
+    every trial would recompute): per row its log-softmax, ``exp`` of it and its top-1.
+    ``nbytes``: what keeping it costs (17 bytes per logit and 8 per row)."""
+
+    logp: np.ndarray
+    p: np.ndarray
+    top: np.ndarray
+
+    @classmethod
+    def of(cls, clean: np.ndarray) -> CleanRows:
+        c = np.asarray(clean)
+        c2 = c.reshape(-1, c.shape[-1])
+        logp, p = np.empty(c2.shape), np.empty(c2.shape)
+        step = max(1, ROW_CHUNK_BYTES // (8 * max(c2.shape[-1], 1)))
+        for i in range(0, len(c2), step):
+            logp[i:i + step] = _log_softmax(c2[i:i + step])
+            p[i:i + step] = np.exp(logp[i:i + step])
+        return cls(logp, p, _argmax(c2))
+
+    @staticmethod
+    def nbytes_for(clean: np.ndarray) -> int:
+        return int(np.size(clean)) * 16 + int(np.size(clean) // max(np.shape(clean)[-1], 1)) * 8
+
+    @property
+    def nbytes(self) -> int:
+        return self.logp.nbytes + self.p.nbytes + self.top.nbytes
+
+
+def _logit_rows(faulty: np.ndarray, clean: np.ndarray, labels: np.ndarray | None,
+                clean_rows: CleanRows | None = None
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per row of logits (all axes but the last): top-1 agreement with the clean row, KL(clean
     || faulty), the faulty top-1 and the faulty row's negative log-likelihood of its label
-    (0 where the label is negative or absent), computed in row chunks."""
+    (0 where the label is negative or absent), computed in row chunks; ``clean_rows``:
+    ``CleanRows.of(clean)`` when kept (the same values, the clean side not recomputed)."""
     f, c = np.asarray(faulty), np.asarray(clean)
     rows, width = f.shape[:-1], f.shape[-1]
     f2, c2 = f.reshape(-1, width), c.reshape(-1, width)
@@ -92,10 +129,15 @@ def _logit_rows(faulty: np.ndarray, clean: np.ndarray, labels: np.ndarray | None
     step = max(1, ROW_CHUNK_BYTES // (8 * max(width, 1)))
     for i in range(0, n, step):
         part = slice(i, min(i + step, n))
-        lf, lc = _log_softmax(f2[part]), _log_softmax(c2[part])
+        lf = _log_softmax(f2[part])
         top[part] = _argmax(f2[part])
-        agree[part] = top[part] == _argmax(c2[part])
-        kl[part] = _kl(lc, lf)
+        if clean_rows is None:
+            lc = _log_softmax(c2[part])
+            agree[part] = top[part] == _argmax(c2[part])
+            kl[part] = _kl(lc, lf)
+        else:
+            agree[part] = top[part] == clean_rows.top[part]
+            kl[part] = _kl(clean_rows.logp[part], lf, clean_rows.p[part])
         safe = np.where(lab[part] >= 0, lab[part], 0)
         nll[part] = -np.take_along_axis(lf, safe[:, None], axis=-1)[:, 0]
     return (agree.reshape(rows), kl.reshape(rows), top.reshape(rows), nll.reshape(rows))
@@ -158,16 +200,17 @@ class OutputMetric:
                 "cosine": ("cosine",),
                 "language_model": ("nll", "tokens", "correct", "agree", "kl")}[self.kind]
 
-    def record(self, faulty: np.ndarray, clean: np.ndarray, labels: np.ndarray | None
-               ) -> dict[str, np.ndarray]:
-        """Per-example values of one batch (sums over tokens for a language model)."""
+    def record(self, faulty: np.ndarray, clean: np.ndarray, labels: np.ndarray | None,
+               clean_rows: CleanRows | None = None) -> dict[str, np.ndarray]:
+        """Per-example values of one batch (sums over tokens for a language model);
+        ``clean_rows``: ``self.clean_rows(clean)`` when kept (same values, faster)."""
         if self.kind == "cosine":
             f, c = np.asarray(faulty, np.float64), np.asarray(clean, np.float64)
             with np.errstate(all="ignore"):
                 cos = np.sum(f * c, 1) / (np.linalg.norm(f, axis=1) * np.linalg.norm(c, axis=1))
             return {"cosine": np.nan_to_num(cos, nan=0.0)}
         labels = None if labels is None else np.asarray(labels, np.int64)
-        agree, kl, top, nll = _logit_rows(faulty, clean, labels)
+        agree, kl, top, nll = _logit_rows(faulty, clean, labels, clean_rows)
         if self.kind == "agreement":
             return {"agree": agree.astype(np.float64), "kl": kl}
         if self.kind == "accuracy":
@@ -178,6 +221,16 @@ class OutputMetric:
                 "correct": np.sum(scored & (top == labels), 1) * 1.0,
                 "agree": np.sum(scored & agree, 1) * 1.0,
                 "kl": np.sum(np.where(scored, kl, 0.0), 1)}
+
+    def clean_rows(self, clean: np.ndarray) -> CleanRows | None:
+        """The clean side a trial of this metric can reuse (None: nothing to keep)."""
+        return CleanRows.of(clean) if self.kind in ("accuracy", "agreement",
+                                                    "language_model") else None
+
+    def clean_rows_nbytes(self, clean: np.ndarray) -> int:
+        """Bytes ``clean_rows(clean)`` would keep."""
+        return CleanRows.nbytes_for(clean) if self.kind in ("accuracy", "agreement",
+                                                           "language_model") else 0
 
     def values(self, records: np.ndarray) -> dict[str, float]:
         """A trial's scores from its records."""
@@ -206,9 +259,11 @@ METRIC_KINDS = ("accuracy", "agreement", "cosine", "language_model", "similarity
 
 
 def make_records(metric: OutputMetric, faulty: np.ndarray, clean: np.ndarray,
-                 labels: np.ndarray | None) -> np.ndarray:
+                 labels: np.ndarray | None, clean_rows: CleanRows | None = None
+                 ) -> np.ndarray:
     """One batch's per-example records: ``metric.record`` fields (a field may hold a
-    vector per example, as similarity's embeddings), ``identical``, ``finite``."""
+    vector per example, as similarity's embeddings), ``identical``, ``finite``;
+    ``clean_rows``: ``metric.clean_rows(clean)`` kept by the caller (the same records)."""
     faulty, clean = np.asarray(faulty), np.asarray(clean)
     n = len(faulty)
     same = (faulty.shape == clean.shape and faulty.dtype == clean.dtype)
@@ -216,7 +271,8 @@ def make_records(metric: OutputMetric, faulty: np.ndarray, clean: np.ndarray,
                  np.ascontiguousarray(clean).view(np.uint8).reshape(n, -1)).all(1) if same \
         else np.zeros(n, bool)
     finite = np.isfinite(faulty.reshape(n, -1)).all(1)
-    values = metric.record(faulty, clean, labels)
+    values = metric.record(faulty, clean, labels) if clean_rows is None else \
+        metric.record(faulty, clean, labels, clean_rows)
     dtype = [(f, np.float64, np.shape(values[f])[1:]) for f in metric.fields()] + [
         ("identical", bool), ("finite", bool)]
     out = np.zeros(n, dtype)
@@ -285,6 +341,6 @@ def memory_outcome_summary(records: Iterable[Any], clean_accuracy: float,
     return rows
 
 
-__all__ = ["METRIC_KINDS", "OUTCOMES", "Metric", "OutputMetric", "accuracy_metrics",
+__all__ = ["METRIC_KINDS", "OUTCOMES", "CleanRows", "Metric", "OutputMetric", "accuracy_metrics",
            "call_metric", "make_records", "memory_outcome_summary", "outcome",
            "outcome_summary"]

@@ -7,9 +7,11 @@ so the campaign engine (``bitfault.campaign.run``) draws a trial's maps exactly 
 ``GGUFEvaluator`` scores a trial: its maps go through ``GGUFModel.inject_`` (the faulty
 planes dequantised into the transformers model, the previous trial's tensors put back),
 then the model runs on the token windows and an ``OutputMetric`` compares its logits with
-the clean run's. A trial whose faults lie in blocks ``>= k`` (``blk.N.`` tensors, mapped to
-the model's ``model.layers.N``) starts from the clean output of block ``k - 1``
-(``bitfault.torch.stack_reuse``, bounded by ``max_bytes``).
+the clean run's (the clean logits and the metric's clean side, ``CleanRows``, kept per batch
+within ``max_bytes``: a trial computes only the faulty side). A trial whose faults lie in
+blocks ``>= k`` (``blk.N.`` tensors, mapped to the model's ``model.layers.N``) starts from
+the clean output of block ``k - 1`` (``bitfault.torch.stack_reuse``, bounded by
+``max_bytes``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from bitfault.campaign.evaluator import Maps, check_max_bytes, digest_arrays
-from bitfault.campaign.metrics import OutputMetric, make_records
+from bitfault.campaign.metrics import CleanRows, OutputMetric, make_records
 from bitfault.errors import ArgumentError, ArgumentTypeError
 from bitfault.faults import BitFlip
 from bitfault.formats import GGUF, BlockFormat, Format, plane_formats
@@ -96,6 +98,7 @@ class GGUFEvaluator:
         self.memory = GGUFFileMemory(REPRESENTATIVE, BitFlip(),
                                      formats={t: gm.memory.tensors[t].format for t in names})
         self._clean: dict[int, np.ndarray] = {}
+        self._clean_rows: dict[int, CleanRows] = {}  # the metric's clean side, per batch
         self._applied: Any = None
         self.stack_reuse = stack_reuse
         self.stack_cache = StackReuse(gm.model, stack, self.max_bytes)
@@ -143,9 +146,19 @@ class GGUFEvaluator:
                 self.stack_cache.verify(CLEAN, i, lambda: self._outputs(b), hit)
             else:
                 hit = self._outputs(b)
-            if sum(v.nbytes for v in self._clean.values()) + hit.nbytes <= self.max_bytes:
+            if self._kept_bytes() + hit.nbytes <= self.max_bytes:
                 self._clean[i] = hit
+        if i in self._clean and i not in self._clean_rows and self._kept_bytes() + \
+                self.metric.clean_rows_nbytes(hit) <= self.max_bytes:
+            rows = self.metric.clean_rows(hit)
+            if rows is not None:
+                self._clean_rows[i] = rows
         return hit
+
+    def _kept_bytes(self) -> int:
+        """Bytes of the clean logits and the metric's clean side kept (within max_bytes)."""
+        return sum(v.nbytes for v in self._clean.values()) + \
+            sum(v.nbytes for v in self._clean_rows.values())
 
     def predict(self, batch_of_maps: Sequence[Maps], memory: Memory) -> list[np.ndarray]:
         """Per-example records (``make_records``) of each map set."""
@@ -165,7 +178,8 @@ class GGUFEvaluator:
                     k = self._start(active) if self.stack_reuse else 0
                     with self.stack_cache.reusing(CLEAN, i, k):
                         faulty = self._outputs(b)
-                parts.append(make_records(self.metric, faulty, clean, self.labels[b]))
+                parts.append(make_records(self.metric, faulty, clean, self.labels[b],
+                                          self._clean_rows.get(i)))
             out.append(np.concatenate(parts))
         return out
 

@@ -9,10 +9,11 @@ non-finite, corrupted). What a trial computes is ``TorchEvaluator``'s: every tar
 tensor stored in the memory's format, the trial's maps faulting theirs, the model's own
 forward in eval mode under ``torch.no_grad()``; a tied tensor is one memory. One copy of
 the model is kept and written in place; clean outputs are cached in the evaluator's one
-budget of ``max_bytes``, with its other caches (beyond it they are recomputed per
-batch). A trial whose faults lie in blocks ``>= k`` of the model's stack of transformer
-blocks starts from the clean output of block ``k - 1`` (``bitfault.torch.stack_reuse``;
-those outputs bounded by ``max_bytes`` too).
+budget of ``max_bytes``, with its other caches, and so is the metric's clean side
+(``CleanRows``: a trial then computes only the faulty side; beyond the budget both are
+recomputed per batch). A trial whose faults lie in blocks ``>= k`` of the model's stack
+of transformer blocks starts from the clean output of block ``k - 1``
+(``bitfault.torch.stack_reuse``; those outputs bounded by ``max_bytes`` too).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from bitfault.campaign.evaluator import Maps, check_max_bytes, digest_arrays
-from bitfault.campaign.metrics import OutputMetric, make_records
+from bitfault.campaign.metrics import CleanRows, OutputMetric, make_records
 from bitfault.errors import ArgumentTypeError
 from bitfault.formats import plane_formats
 from bitfault.memory import Memory
@@ -108,6 +109,7 @@ class OutputEvaluator(TorchEvaluator):
                              f"labels for {n} examples")
         self._digest = super().model_digest()  # the clean model (trials write into it)
         self._clean_outs: dict[Any, np.ndarray] = {}
+        self._clean_rows: dict[Any, CleanRows] = {}  # the metric's clean side, per batch
         self._applied: Any = None  # the maps the replica holds (None: unknown)
 
     def _batches(self) -> list[slice]:
@@ -144,13 +146,19 @@ class OutputEvaluator(TorchEvaluator):
                     reuse.verify(key[0], i, lambda: self._outputs(self.model, b), hit)
             if self._budget.take(hit.nbytes):  # the evaluator's one budget
                 self._clean_outs[key] = hit
+        if key in self._clean_outs and key not in self._clean_rows and self._budget.fits(
+                self.metric.clean_rows_nbytes(hit)):
+            rows = self.metric.clean_rows(hit)
+            if rows is not None and self._budget.take(rows.nbytes):
+                self._clean_rows[key] = rows
         return hit
 
     def _forget_other(self, key: Any) -> None:
         """Also the clean outputs of other memories go (their bytes back to the budget)."""
         super()._forget_other(key)
-        for k in [k for k in self._clean_outs if k[0] != key]:
-            self._budget.give(self._clean_outs.pop(k).nbytes)
+        for cache in (self._clean_outs, self._clean_rows):
+            for k in [k for k in cache if k[0] != key]:
+                self._budget.give(cache.pop(k).nbytes)
 
     def predict(self, batch_of_maps: Sequence[Maps], memory: Memory) -> list[np.ndarray]:
         """Per-example records (``bitfault.campaign.metrics.make_records``) for each map set."""
@@ -174,7 +182,8 @@ class OutputEvaluator(TorchEvaluator):
                     with torch.no_grad(), self.stack_cache.reusing(self._key(memory), i, k):
                         faulty = self._outputs(self.model, b)
                 labels = None if self._labels is None else self._labels[b]
-                parts.append(make_records(self.metric, faulty, clean, labels))
+                parts.append(make_records(self.metric, faulty, clean, labels,
+                                          self._clean_rows.get((self._key(memory), i))))
             out.append(np.concatenate(parts))
         return out
 
@@ -192,7 +201,7 @@ class OutputEvaluator(TorchEvaluator):
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
-        state.update(_clean_outs={}, _applied=None, _replica=None)
+        state.update(_clean_outs={}, _clean_rows={}, _applied=None, _replica=None)
         return state
 
 
