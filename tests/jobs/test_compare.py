@@ -37,6 +37,15 @@ def test_physical_bits_of_every_faulted_plane_word_by_word() -> None:
     assert memory_bits(no_scales, SHAPES)["physical_bits"] == 33 * codes32
     with pytest.raises(ValueError, match="storage"):
         memory_bits(bf.Memory(fmt, bf.BitFlip()), SHAPES)
+    # int8, SEC-DED on bits 7 and 6 only: 2-bit fields, 32 per protected 64-bit word (8
+    # check bits); the other 6 bits, 10 fields in 60 bits of an unprotected word
+    top = bf.Memory(bf.IntQuant(8), bf.BitFlip(),
+                    storage={"protection": "secded", "protected_bits": [7, 6]})
+    high = sum(words(r * c, 32) for r, c in SHAPES.values())
+    low = sum(words(r * c, 10) for r, c in SHAPES.values())
+    assert memory_bits(top, SHAPES) == {"data_bits": 64 * high + 60 * low,
+                                        "check_bits": 8 * high,
+                                        "physical_bits": 72 * high + 60 * low}
 
 
 def record(ber: float, errors: int, kind: str = "rate") -> SimpleNamespace:

@@ -47,7 +47,8 @@ def scheme_store(run_dir: str | Path, recipe: str, scheme: str | None) -> Path:
 
 def memory_bits(memory: Memory, shapes: Mapping[str, Any]) -> dict[str, int]:
     """Data, check and physical bits of the memory words holding ``shapes``' planes that
-    the campaign faults (its fault model's planes, a plane rate above 0)."""
+    the campaign faults (its fault model's planes, a plane rate above 0); a plane split by
+    ``protected_bits`` counts the words of both its parts (whole fields per word)."""
     storage, fmt = memory.storage, memory.format
     if storage is None:
         raise ValueError("memory_bits needs a memory with storage")
@@ -61,9 +62,17 @@ def memory_bits(memory: Memory, shapes: Mapping[str, Any]) -> dict[str, int]:
             rate = rates.get(plane, 0.0) if isinstance(rates, Mapping) else rates
             if not rate or not memory.fault.eligible_bits(fmt, plane):
                 continue
-            words = storage.layout.n_words(math.prod(planes[plane]), pf.bits)
-            data += words * word
-            check += words * storage.scheme(plane).check_bits(word)
+            n = math.prod(planes[plane])
+            parts = storage.parts(plane, pf.bits)
+            if parts is None:
+                words = storage.layout.n_words(n, pf.bits)
+                data += words * word
+                check += words * storage.scheme(plane).check_bits(word)
+                continue
+            for part in parts:  # chosen bits in their own protected words, the rest apart
+                words = part.layout.n_words(n, part.bits)
+                data += words * part.layout.word_bits
+                check += words * part.protection.check_bits(part.layout.word_bits)
     return {"data_bits": data, "check_bits": check, "physical_bits": data + check}
 
 
