@@ -156,3 +156,30 @@ def test_interleaving_and_wide_words_round_trip_through_the_dict_form():
     assert within["bit_errors"] == out["bit_errors"] and within["due"] == within["words"] > 0
     with pytest.raises(ArgumentError, match="interleave"):
         Storage.from_dict({**data, "row_words": 6})
+
+
+def test_protection_of_chosen_tensors_only():
+    data = {"word_bits": 64, "protection": "secded", "protected_tensors": ["fc1.*"],
+            "pattern": {"kind": "mbu", "sizes": {1: 0.5, 2: 0.5}}}
+    storage = Storage.from_dict(data)
+    assert storage.protects("fc1.weight") and not storage.protects("fc2.weight")
+    assert Storage.from_dict(storage.to_dict()) == storage
+    assert "protected_tensors" not in Storage.from_dict({"protection": "secded"}).to_dict()
+    everywhere = Storage.from_dict({**data, "protected_tensors": None})
+    nowhere = Storage.from_dict({**data, "protection": "none", "protected_tensors": None})
+    fmt, shape = bf.IntQuant(8), (32, 64)
+    for name, like in (("fc1.weight", everywhere), ("fc2.weight", nowhere)):
+        got = storage.random_map(shape, fmt, ber=0.05, seed=3, name=name)
+        want = like.random_map(shape, fmt, ber=0.05, seed=3, name=name)
+        assert got == want and got.meta["outcomes"] == want.meta["outcomes"]
+        assert got.meta["outcomes"]["words"] > 0
+    assert storage.random_map(shape, fmt, ber=0.05, seed=3, name="fc2.weight").n_faults > 0
+    from bitfault.jobs.compare import memory_bits
+
+    memory = bf.Memory(fmt, bf.BitFlip(), storage=storage)
+    bits = memory_bits(memory, {"fc1.weight": shape, "fc2.weight": (10, 64)})
+    assert bits == {"data_bits": 64 * (256 + 80), "check_bits": 8 * 256,
+                    "physical_bits": 72 * 256 + 64 * 80}
+    for bad in ([], [""], {"fc1": 1}, 3):
+        with pytest.raises((ArgumentError, TypeError), match="protected_tensors"):
+            Storage.from_dict({**data, "protected_tensors": bad})

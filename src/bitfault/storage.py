@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from typing import Any
 
 from bitfault.errors import ArgumentError, ArgumentTypeError, check_rate
@@ -32,7 +33,8 @@ from bitfault.protection import NoProtection, Protection, protection_from_dict
 from bitfault.selective import Part, check_protected_bits, split_overhead, split_parts
 from bitfault.stored_faults import StoredWords, depends_on_data, plane_map, rated
 
-_KEYS = ("word_bits", "row_words", "interleave", "protection", "pattern", "protected_bits")
+_KEYS = ("word_bits", "row_words", "interleave", "protection", "pattern", "protected_bits",
+         "protected_tensors")
 
 
 def _scheme(value: Any, argument: str) -> Protection:
@@ -59,12 +61,16 @@ class Storage:
     ``{plane: scheme}`` with the planes left out unprotected), faulted by ``pattern``
     (its rate comes from the spec or the trial). ``protected_bits``: protect only these
     bit positions (a sequence: of the codes plane; ``{plane: positions}``), stored apart
-    in protected words, the plane's other bits in unprotected words (``selective``)."""
+    in protected words, the plane's other bits in unprotected words (``selective``).
+    ``protected_tensors``: name patterns (``fnmatch``, e.g. ``"fc1.*"``) of the tensors the
+    protection covers; the others sit in the same layout, unprotected (None: every
+    tensor)."""
 
     layout: WordLayout = field(default_factory=WordLayout)
     protection: Protection | Mapping[str, Protection] = field(default_factory=NoProtection)
     pattern: Any = field(default_factory=lambda: IndependentBits(0.0))
     protected_bits: Any = None
+    protected_tensors: Any = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.layout, WordLayout):
@@ -77,6 +83,8 @@ class Storage:
             object.__setattr__(self, "protection", _scheme(self.protection, "protection"))
         object.__setattr__(self, "pattern", _pattern(self.pattern))
         object.__setattr__(self, "protected_bits", check_protected_bits(self.protected_bits))
+        object.__setattr__(self, "protected_tensors",
+                           _tensor_patterns(self.protected_tensors))
 
     @property
     def data_dependent(self) -> bool:
@@ -86,6 +94,18 @@ class Storage:
                    else (self.protection,))
         return any(depends_on_data(s, self.pattern) for s in schemes) or \
             depends_on_data(NoProtection(), self.pattern)
+
+    def protects(self, name: str) -> bool:
+        """Whether tensor ``name`` is under the protection (``protected_tensors``)."""
+        return self.protected_tensors is None or any(
+            fnmatchcase(name, g) for g in self.protected_tensors)
+
+    def for_tensor(self, name: str) -> Storage:
+        """The storage of tensor ``name``: this one, or its layout and pattern unprotected
+        when ``protected_tensors`` leaves the tensor out."""
+        if self.protects(name):
+            return self
+        return Storage(self.layout, NoProtection(), self.pattern)
 
     def parts(self, plane: str, bits: int) -> tuple[Part, Part] | None:
         """The protected and unprotected parts of ``plane`` (``bits``-bit elements) when
@@ -139,6 +159,9 @@ class Storage:
         over its physical words, decoded; a block format's other planes in ``planes``.
         ``words``: the tensor's clean stored words, which a ``data_dependent`` storage
         needs (the map is then the XOR map for them)."""
+        if not self.protects(name):
+            return self.for_tensor(name).random_map(shape, fmt, ber=ber, seed=seed, name=name,
+                                                    bits=bits, step=step, words=words)
         formats = plane_formats(fmt)
         shapes = fmt.plane_shapes(shape) if len(formats) > 1 else {CODES: tuple(shape)}
         selected = _selected_planes(bits, tuple(formats))
@@ -166,6 +189,8 @@ class Storage:
         out = {**self.layout.to_dict(), "protection": protection, "pattern": pattern}
         if self.protected_bits is not None:  # only then: older storages keep their digests
             out["protected_bits"] = {p: list(b) for p, b in self.protected_bits.items()}
+        if self.protected_tensors is not None:
+            out["protected_tensors"] = list(self.protected_tensors)
         return out
 
     @classmethod
@@ -181,7 +206,25 @@ class Storage:
         layout = WordLayout(data.get("word_bits", 64), data.get("row_words"),
                             data.get("interleave", 1))
         return cls(layout, data.get("protection", "none"),
-                   data.get("pattern", {"kind": "independent"}), data.get("protected_bits"))
+                   data.get("pattern", {"kind": "independent"}), data.get("protected_bits"),
+                   data.get("protected_tensors"))
+
+
+def _tensor_patterns(value: Any) -> tuple[str, ...] | None:
+    """``protected_tensors`` as a tuple of name patterns (a lone string is one)."""
+    if value is None:
+        return None
+    items = [value] if isinstance(value, str) else value
+    if isinstance(items, Mapping) or not hasattr(items, "__iter__"):
+        raise ArgumentTypeError("protected_tensors", value,
+                                "None or tensor name patterns such as ['fc1.*']")
+    items = list(items)
+    if not items or not all(isinstance(g, str) and g for g in items):
+        raise ArgumentError("protected_tensors", value,
+                            "None or a non-empty list of non-empty tensor name patterns",
+                            requirement="protected_tensors names the tensors the protection "
+                                        "covers, as fnmatch patterns (e.g. ['fc1.*'])")
+    return tuple(items)
 
 
 def _selected_planes(bits: Any, planes: tuple[str, ...]) -> tuple[str, ...]:

@@ -56,18 +56,19 @@ def memory_bits(memory: Memory, shapes: Mapping[str, Any]) -> dict[str, int]:
     rates = memory.plane_ber(1.0)
     word = storage.layout.word_bits
     data = check = 0
-    for shape in shapes.values():
+    for name, shape in shapes.items():
+        tensor = storage.for_tensor(name)  # unprotected if protected_tensors leaves it out
         planes = fmt.plane_shapes(tuple(shape)) if len(formats) > 1 else {CODES: tuple(shape)}
         for plane, pf in formats.items():
             rate = rates.get(plane, 0.0) if isinstance(rates, Mapping) else rates
             if not rate or not memory.fault.eligible_bits(fmt, plane):
                 continue
             n = math.prod(planes[plane])
-            parts = storage.parts(plane, pf.bits)
+            parts = tensor.parts(plane, pf.bits)
             if parts is None:
                 words = storage.layout.n_words(n, pf.bits)
                 data += words * word
-                check += words * storage.scheme(plane).check_bits(word)
+                check += words * tensor.scheme(plane).check_bits(word)
                 continue
             for part in parts:  # chosen bits in their own protected words, the rest apart
                 words = part.layout.n_words(n, part.bits)
