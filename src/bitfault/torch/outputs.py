@@ -31,6 +31,7 @@ from bitfault.formats import plane_formats
 from bitfault.memory import Memory
 from bitfault.torch.evaluate import TorchEvaluator, faulty_in
 from bitfault.torch.stack_reuse import StackReuse, find_stack
+from bitfault.torch.unread_rows import UnreadRows, embedding_candidates
 
 
 def model_output(out: Any, batch: Any = None) -> Any:
@@ -64,6 +65,10 @@ class OutputEvaluator(TorchEvaluator):
     dotted path of the ``nn.ModuleList`` of blocks; default: found, ``find_stack``);
     ``stack_reuse=False`` runs every trial through the whole model (``stack_cache``: the
     ``StackReuse`` holding the kept outputs; ``stack_cache.reason`` says why reuse is off).
+    ``unread_rows``: a trial whose faults all lie in rows of (untied) ``nn.Embedding``
+    weights that the data never reads, proven once per memory by a run with those rows
+    NaN (``bitfault.torch.unread_rows``; ``unread``: its record), is masked without a
+    forward; False: such trials run too.
     """
 
     def __init__(self, model: Any, inputs: Any, metric: OutputMetric | str = "accuracy", *,
@@ -71,14 +76,15 @@ class OutputEvaluator(TorchEvaluator):
                  batch_size: int | None = None, device: str = "cpu",
                  output_fn: Callable[[Any, Any], Any] | None = None, max_bytes: int = 256 << 20,
                  root: Any = None, name_prefix: str | None = None, stack_reuse: bool = True,
-                 stack: str | None = None) -> None:
+                 stack: str | None = None, unread_rows: bool = True) -> None:
         import torch
         from torch import nn
 
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-        if not isinstance(stack_reuse, bool):
-            raise ArgumentTypeError("stack_reuse", stack_reuse, "True or False")
+        for arg, value in (("stack_reuse", stack_reuse), ("unread_rows", unread_rows)):
+            if not isinstance(value, bool):
+                raise ArgumentTypeError(arg, value, "True or False")
         if stack is not None:
             find_stack(model, stack)  # a bad path is refused before anything is copied
         self.metric = metric if isinstance(metric, OutputMetric) else OutputMetric(metric)
@@ -100,6 +106,9 @@ class OutputEvaluator(TorchEvaluator):
         self._setup(model, targets, filter_fn, root, name_prefix, copy_model=True)
         self.stack_reuse = stack_reuse
         self.stack_cache = StackReuse(self.model, stack, self.max_bytes)
+        self.unread_rows = unread_rows
+        self.unread = UnreadRows(embedding_candidates(self.model, list(self._clean),
+                                                      self._aliases))
         with torch.no_grad():  # the metric must fit the outputs: checked on the first batch
             first = self._outputs(self.model, self._batches()[0])
         self.metric.check(first.shape, None if self._labels is None
@@ -171,6 +180,9 @@ class OutputEvaluator(TorchEvaluator):
             maps = self._by_path(maps)
             active = {n: m for n, m in maps.items() if any(faulty_in(m, p, eligible[p])
                                                           for p in planes)}
+            if active and self._unread(active, memory):
+                active = {}  # faults only in embedding rows the data never reads: masked
+                self.unread.skipped += 1
             parts = []
             for i, b in enumerate(self._batches()):
                 clean = self._clean_output(i, b, memory)
@@ -186,6 +198,22 @@ class OutputEvaluator(TorchEvaluator):
                                           self._clean_rows.get((self._key(memory), i))))
             out.append(np.concatenate(parts))
         return out
+
+    def _unread(self, active: Maps, memory: Memory) -> bool:
+        """Whether every fault lies in embedding rows proven unread (``unread_rows``)."""
+        if not self.unread_rows or not self.unread.eligible(active, memory):
+            return False
+        key = self._key(memory)
+        if not self.unread.proven(key):
+            import torch
+
+            clean = [self._clean_output(i, b, memory) for i, b in enumerate(self._batches())]
+            self._load(self.stored(memory))
+            self._applied = None
+            with torch.no_grad():
+                self.unread.prove(key, lambda: [self._outputs(self.model, b)
+                                                for b in self._batches()], clean)
+        return self.unread.covers(key, active, memory)
 
     def _apply(self, active: Maps, memory: Memory) -> None:
         """Write the trial's faulty tensors into the model, every other one stored."""

@@ -1,0 +1,152 @@
+"""Embedding rows the data never reads: a fault there cannot change the outputs, proven.
+
+An ``nn.Embedding`` (its own, stock ``forward``) reads only the rows its indices name. A
+fault confined to other rows of its weight cannot change what the model computes on that
+data, provided nothing else reads the weight: a tied tensor (an LM head sharing the
+embedding) is never a candidate, and anything else reading it is caught by a proof, done
+once per (model, data, memory) on the evaluator's copy of the model holding the stored
+values: forward hooks record the rows each candidate reads on every batch, then every
+unread row is set to NaN and the data run again; only if every output is bit-identical
+to the clean run's (and the same rows are read) are the unread rows trusted. A trial
+whose faults all lie in trusted unread rows (faults in the codes plane only: a scale
+fault may change other rows) is then a masked trial, without any forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any
+
+import numpy as np
+
+from bitfault.maps import FaultMap
+from bitfault.memory import Memory
+from bitfault.torch.replica import confined
+from bitfault.torch.stack_reuse import same_bits
+
+
+def embedding_candidates(model: Any, paths: list[str], tied: Mapping[str, Any]
+                         ) -> dict[str, Any]:
+    """Model path -> module, for each ``paths`` entry that is the ``weight`` of an
+    ``nn.Embedding`` with the stock ``forward`` and not tied (no other path in ``tied``)."""
+    from torch import nn
+
+    out = {}
+    for path in paths:
+        owner, _, attr = path.rpartition(".")
+        if attr != "weight" or path in tied:
+            continue
+        try:
+            module = model.get_submodule(owner)
+        except AttributeError:
+            continue
+        if isinstance(module, nn.Embedding) and type(module).forward is nn.Embedding.forward \
+                and "forward" not in module.__dict__ and module.weight.dim() == 2:
+            out[path] = module
+    return out
+
+
+class UnreadRows:
+    """The unread embedding rows of one evaluator's model (``candidates``: path -> module),
+    proven per memory key (``prove``) and used by ``covers``. ``skipped``: trials it
+    answered without a forward."""
+
+    def __init__(self, candidates: Mapping[str, Any]) -> None:
+        self.candidates = dict(candidates)
+        self._read: dict[Hashable, dict[str, np.ndarray] | None] = {}
+        self.skipped = 0
+        self.reason: dict[Hashable, str] = {}
+
+    def eligible(self, active: Mapping[str, FaultMap], memory: Memory) -> bool:
+        """Whether every faulty tensor is a candidate and every map changes only its own
+        elements (so the proof may decide)."""
+        return bool(active) and all(p in self.candidates and confined(m, memory)
+                                    for p, m in active.items())
+
+    def proven(self, key: Hashable) -> bool:
+        return key in self._read
+
+    def covers(self, key: Hashable, active: Mapping[str, FaultMap], memory: Memory) -> bool:
+        """Whether the trial's faults all lie in rows proven unread for ``key``."""
+        read = self._read.get(key)
+        if read is None or not self.eligible(active, memory):
+            return False
+        for path, fmap in active.items():
+            width = self.candidates[path].weight.shape[1]
+            rows = np.asarray(fmap.indices, np.int64) // width
+            if read[path][rows].any():
+                return False
+        return True
+
+    def prove(self, key: Hashable, run: Callable[[], list[np.ndarray]],
+              clean: list[np.ndarray]) -> bool:
+        """Once per ``key``: ``run()`` (every batch through the model, which holds the
+        stored clean values) with hooks recording the rows read, then again with every
+        unread row NaN; trusted only if both give ``clean`` bit for bit with the same rows
+        read. The weights are put back as they were. Returns whether it is trusted."""
+        import torch
+
+        if key in self._read:
+            return self._read[key] is not None
+        first = self._watch(run)
+        if first is None:
+            return self._refuse(key, "an embedding was called with indices it cannot hold")
+        read, outs = first
+        if not all(same_bits(a, b) for a, b in zip(outs, clean, strict=True)):
+            return self._refuse(key, "a clean run did not reproduce the clean outputs")
+        saved = {}
+        try:
+            with torch.no_grad():
+                for path, module in self.candidates.items():
+                    rows = torch.from_numpy(np.flatnonzero(~read[path])).to(module.weight.device)
+                    saved[path] = (rows, module.weight[rows].clone())
+                    module.weight[rows] = float("nan")
+            second = self._watch(run)
+        finally:
+            with torch.no_grad():
+                for path, (rows, values) in saved.items():
+                    self.candidates[path].weight[rows] = values
+        if second is None or any(not np.array_equal(second[0][p], read[p]) for p in read):
+            return self._refuse(key, "the rows read changed when unread rows were NaN")
+        if not all(same_bits(a, b) for a, b in zip(second[1], clean, strict=True)):
+            return self._refuse(key, "NaN in rows the embeddings do not read reached the "
+                                     "outputs: something else reads the weights")
+        self._read[key] = read
+        return True
+
+    def _refuse(self, key: Hashable, reason: str) -> bool:
+        self._read[key], self.reason[key] = None, reason
+        return False
+
+    def _watch(self, run: Callable[[], list[np.ndarray]]
+               ) -> tuple[dict[str, np.ndarray], list[np.ndarray]] | None:
+        """``run()`` with each candidate's rows read recorded (None: bad indices)."""
+        read = {p: np.zeros(m.weight.shape[0], bool) for p, m in self.candidates.items()}
+        bad: list[str] = []
+
+        def hook(path: str) -> Any:
+            def record(module: Any, args: Any) -> None:
+                idx = args[0].detach().reshape(-1).cpu().numpy() if args else None
+                outside = idx is not None and idx.size > 0 and (
+                    idx.min() < 0 or idx.max() >= len(read[path]))
+                if idx is None or outside:
+                    bad.append(path)
+                    return
+                read[path][np.unique(idx)] = True
+            return record
+
+        handles = [m.register_forward_pre_hook(hook(p)) for p, m in self.candidates.items()]
+        try:
+            outs = run()
+        finally:
+            for h in handles:
+                h.remove()
+        return None if bad else (read, outs)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.update(_read={}, reason={})  # keyed by the evaluator's memory keys
+        return state
+
+
+__all__ = ["UnreadRows", "embedding_candidates"]
