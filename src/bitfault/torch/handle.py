@@ -19,8 +19,8 @@ from torch import nn
 from bitfault.formats import gradient_bounds
 from bitfault.inject import InjectionStats, inject_with_stats
 from bitfault.maps import FaultMap
-from bitfault.memory import check_map_fits
 from bitfault.spec import FaultSpec
+from bitfault.torch.activation_maps import ActivationMaps
 from bitfault.torch.gradient import straight_through
 from bitfault.torch.seam import DeviceFaults, check_float_dtype, faulty_group
 from bitfault.torch.slots import (
@@ -64,7 +64,8 @@ class FaultHandle:
                  aliases: dict[tuple[str, str], str], activations: list[str],
                  modules: dict[str, nn.Module], maps: dict[str, FaultMap],
                  act_names: dict[str, str] | None = None, left_out: Sequence[Any] = (),
-                 naming: dict[str, str] | None = None) -> None:
+                 naming: dict[str, str] | None = None, activation_length: int | None = None
+                 ) -> None:
         self.spec = spec
         # module path -> the name of its output (relative to the naming root)
         self._act_names = {a: (act_names or {}).get(a, join_name(a, "output")) for a in activations}
@@ -76,7 +77,7 @@ class FaultHandle:
         self._activations = activations  # module names whose output is faulted
         self._modules = modules
         self._maps = maps
-        self._act_maps: dict[str, dict[tuple[int, ...], FaultMap]] = {a: {} for a in activations}
+        self._act_maps = ActivationMaps(self._act_names, activation_length)
         self._step = 0
         self._forwards = 0
         # transient resample="step" without attach(): a forward after the model's parameters
@@ -104,11 +105,7 @@ class FaultHandle:
     @property
     def maps(self) -> dict[str, FaultMap]:
         """Tensor name -> the FaultMap in use (activations: one sample's map, latest shape)."""
-        out = dict(self._maps)
-        for module, by_shape in self._act_maps.items():
-            if by_shape:
-                out[self._act_names[module]] = next(reversed(by_shape.values()))
-        return out
+        return {**self._maps, **self._act_maps.latest()}
 
     @property
     def targets(self) -> list[str]:
@@ -250,8 +247,7 @@ class FaultHandle:
         """Use ``spec``'s maps of ``step``; activation maps follow at the next forward."""
         self._maps = {p.name: spec.map_for(p.name, p.shape, step) for p in self._params}
         self.spec, self._step = spec, step
-        for by_shape in self._act_maps.values():
-            by_shape.clear()
+        self._act_maps.clear()
         self._faults.clear()
 
     def _device_faults(self, names: tuple[str, ...], maps: Sequence[FaultMap], batch: int,
@@ -268,14 +264,7 @@ class FaultHandle:
         return faults
 
     def _activation_map(self, module: str, shape: tuple[int, ...]) -> FaultMap:
-        by_shape = self._act_maps[module]
-        fmap = by_shape.get(shape)
-        if fmap is None:
-            name = self._act_names[module]
-            fmap = self.spec.map_for(name, shape, self._step)
-            check_map_fits(fmap, shape, self.spec.format, argument=f"maps[{name!r}]")
-            by_shape[shape] = fmap
-        return fmap
+        return self._act_maps.get(module, shape, self.spec, self._step)
 
     # ---- forward-time machinery ----------------------------------------------------------------
 

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from bitfault.errors import ArgumentError
+from bitfault.errors import ArgumentError, check_int
 from bitfault.formats import BlockFormat, plane_formats, plane_map_name
 from bitfault.formats.blocks import CODES
 from bitfault.memory import check_map_fits
@@ -63,7 +63,8 @@ def _plan(spec: FaultSpec, selected: list[Selected]
 
 def inject_(model: nn.Module, spec: FaultSpec | Mapping[str, Any],
             filter_fn: FilterFn | str | Sequence[str] | None = None, *,
-            root: nn.Module | None = None, name_prefix: str | None = None) -> FaultHandle:
+            root: nn.Module | None = None, name_prefix: str | None = None,
+            activation_length: int | None = None) -> FaultHandle:
     """Put ``model``'s tensors in faulty memory, in place; return the handle.
 
     ``spec.targets`` and ``filter_fn`` choose the tensors as ``select_tensors`` says: by
@@ -73,8 +74,11 @@ def inject_(model: nn.Module, spec: FaultSpec | Mapping[str, Any],
     names) chooses modules instead. ``handle.report()`` lists what is faulted and what
     was left out, and why. Maps are seeded by tensor name: ``root=`` (a submodule) names
     tensors relative to it and faults only its tensors, ``name_prefix=`` strips a prefix,
-    so wrapping a model keeps its chips. Every argument is checked, and every map drawn,
-    before the model is touched.
+    so wrapping a model keeps its chips. ``activation_length=L``: activations sit at
+    fixed addresses, a buffer of ``L`` rows per sample (a text model's positions), so a
+    position's faults do not depend on the length its batch was padded to (default: each
+    per-sample shape draws its own map; ``bitfault.torch.activation_maps``). Every argument
+    is checked, and every map drawn, before the model is touched.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -88,6 +92,14 @@ def inject_(model: nn.Module, spec: FaultSpec | Mapping[str, Any],
     selected, left_out = select_report(model, spec.targets, filter_fn, modules=chosen,
                                        naming=naming)
     params, aliases, activations = _plan(spec, selected)
+    if activation_length is not None and not activations:
+        raise ArgumentError("activation_length", activation_length,
+                            "None when no activation is targeted",
+                            requirement="activation_length places activation maps; the "
+                                        "targets choose no activation (add kind "
+                                        "'activations')")
+    if activation_length is not None:
+        check_int(activation_length, "activation_length", 1)
     if not params and not activations:
         raise ValueError(f"targets={list(spec.targets.kinds)} name no tensor of the chosen "
                          f"modules {[f for f, _ in chosen][:8]}: they have no parameter of "
@@ -128,7 +140,8 @@ def inject_(model: nn.Module, spec: FaultSpec | Mapping[str, Any],
     # ---- from here on the model is changed (hooks only) ----
     modules = dict(chosen)
     handle = FaultHandle(model, spec, params, aliases, list(activations), modules, maps,
-                         act_names=activations, left_out=left_out, naming=naming.to_dict())
+                         act_names=activations, left_out=left_out, naming=naming.to_dict(),
+                         activation_length=activation_length)
     by_module: dict[str, list[tuple[str, str]]] = {}
     for p in params:
         by_module.setdefault(p.module, []).append((p.attr, p.name))
