@@ -61,3 +61,30 @@ def test_top1_matches_a_plain_loop():
             if not math.isnan(v) and v > best:
                 best, at = v, j
         assert got[r] == at, r
+
+
+@pytest.mark.parametrize("chunk", [None, 8, 12])
+def test_identical_and_finite_per_example_match_a_plain_loop(chunk, monkeypatch):
+    import bitfault.campaign.metrics as metrics
+
+    if chunk is not None:
+        monkeypatch.setattr(metrics, "ROW_CHUNK_BYTES", chunk)
+    rng = np.random.default_rng(2)
+    clean = rng.normal(size=(6, 5, 7)).astype(np.float32)
+    faulty = clean.copy()
+    faulty[1, 4, 6] = -faulty[1, 4, 6]  # the last value differs
+    faulty[2, 0, 0] = np.inf
+    clean[3, 2, 2] = 0.0
+    faulty[3, 2, 2] = -0.0  # equal as floats, not as bits
+    clean[4, 1, 1] = faulty[4, 1, 1] = np.nan  # the same NaN: identical, not finite
+    faulty[5, 3, 3] = np.frombuffer(b"\x01\x00\xc0\x7f", np.float32)[0]  # another NaN
+    clean[5, 3, 3] = np.float32("nan")
+    rec = make_records(OutputMetric("agreement"), faulty.reshape(6, -1),
+                       clean.reshape(6, -1), None)
+    for i in range(6):
+        assert rec["identical"][i] == (faulty[i].tobytes() == clean[i].tobytes()), i
+        assert rec["finite"][i] == all(math.isfinite(v) for v in faulty[i].reshape(-1).tolist())
+    assert rec["identical"].tolist() == [True, False, False, False, True, False]
+    other = make_records(OutputMetric("cosine"), faulty[:, 0], clean[:, 0].astype(np.float64),
+                         None)
+    assert not other["identical"].any()  # another dtype is never identical

@@ -266,11 +266,7 @@ def make_records(metric: OutputMetric, faulty: np.ndarray, clean: np.ndarray,
     ``clean_rows``: ``metric.clean_rows(clean)`` kept by the caller (the same records)."""
     faulty, clean = np.asarray(faulty), np.asarray(clean)
     n = len(faulty)
-    same = (faulty.shape == clean.shape and faulty.dtype == clean.dtype)
-    identical = (np.ascontiguousarray(faulty).view(np.uint8).reshape(n, -1) ==
-                 np.ascontiguousarray(clean).view(np.uint8).reshape(n, -1)).all(1) if same \
-        else np.zeros(n, bool)
-    finite = np.isfinite(faulty.reshape(n, -1)).all(1)
+    identical, finite = _identical_and_finite(faulty, clean)
     values = metric.record(faulty, clean, labels) if clean_rows is None else \
         metric.record(faulty, clean, labels, clean_rows)
     dtype = [(f, np.float64, np.shape(values[f])[1:]) for f in metric.fields()] + [
@@ -280,6 +276,33 @@ def make_records(metric: OutputMetric, faulty: np.ndarray, clean: np.ndarray,
         out[f] = values[f]
     out["identical"], out["finite"] = identical, finite
     return out
+
+
+def _identical_and_finite(faulty: np.ndarray, clean: np.ndarray
+                          ) -> tuple[np.ndarray, np.ndarray]:
+    """Per example: bit-identical to the clean outputs (NaN payloads included), and every
+    value finite; compared in chunks of ``ROW_CHUNK_BYTES`` (no temporaries the size of the
+    outputs; a differing example usually stops at its first chunk)."""
+    n = len(faulty)
+    identical, finite = np.zeros(n, bool), np.ones(n, bool)
+    if n == 0:
+        return identical, finite
+    f = np.ascontiguousarray(faulty).reshape(n, -1)
+    same = faulty.shape == clean.shape and faulty.dtype == clean.dtype
+    fb = f.view(np.uint8) if same else None
+    cb = np.ascontiguousarray(clean).reshape(n, -1).view(np.uint8) if same else None
+    step = max(1, ROW_CHUNK_BYTES // max(f.itemsize, 1))
+    floating = np.issubdtype(f.dtype, np.floating) or np.issubdtype(f.dtype, np.complexfloating)
+    for i in range(n):
+        if same:
+            width = fb.shape[1]
+            identical[i] = all(np.array_equal(fb[i, j:j + step * f.itemsize],
+                                              cb[i, j:j + step * f.itemsize])
+                               for j in range(0, width, step * f.itemsize))
+        if floating:
+            finite[i] = all(bool(np.isfinite(f[i, j:j + step]).all())
+                            for j in range(0, f.shape[1], step))
+    return identical, finite
 
 
 def outcome(records: np.ndarray) -> dict[str, int]:
