@@ -10,6 +10,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from tiny_hf import bert, gpt2  # noqa: E402
+
 import bitfault as bf  # noqa: E402
 from bitfault.campaign import rate_sweep, run, trial_maps  # noqa: E402
 from bitfault.campaign.metrics import make_records, outcome_summary  # noqa: E402
@@ -22,21 +24,6 @@ from bitfault.torch.hf import (  # noqa: E402
 from bitfault.torch.outputs import model_output  # noqa: E402
 
 MEMORY = bf.Memory(bf.IntQuant(8, per_channel=True), bf.BitFlip())
-
-
-def gpt2():
-    torch.manual_seed(0)
-    cfg = transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=2, n_positions=64,
-                                  bos_token_id=0, eos_token_id=0)
-    return transformers.GPT2LMHeadModel(cfg).eval()
-
-
-def bert():
-    torch.manual_seed(0)
-    cfg = transformers.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2,
-                                  num_attention_heads=2, intermediate_size=64,
-                                  max_position_embeddings=64)
-    return transformers.BertModel(cfg).eval()
 
 
 def plain(model, maps, memory, x, output_fn=model_output):

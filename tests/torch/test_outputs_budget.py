@@ -10,6 +10,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from tiny_hf import bert, llama  # noqa: E402
+
 import bitfault as bf  # noqa: E402
 from bitfault.campaign import rate_sweep, trial_maps  # noqa: E402
 from bitfault.errors import ArgumentError  # noqa: E402
@@ -18,14 +20,6 @@ from bitfault.torch.hf import mean_pooled  # noqa: E402
 
 INT8 = bf.Memory(bf.IntQuant(8, per_channel=True), bf.BitFlip())
 BF16 = bf.Memory(bf.Float("bfloat16"), bf.BitFlip())
-
-
-def bert():
-    torch.manual_seed(0)
-    cfg = transformers.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2,
-                                  num_attention_heads=2, intermediate_size=64,
-                                  max_position_embeddings=64)
-    return transformers.BertModel(cfg).eval()
 
 
 def inputs(n=6, t=10):
@@ -68,11 +62,7 @@ def test_clean_outputs_counted_in_the_budget(batch_size):
 
 
 def test_language_model_clean_side_kept_in_the_budget_same_records():
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
-                                   num_hidden_layers=2, num_attention_heads=2,
-                                   num_key_value_heads=2, max_position_embeddings=64)
-    model = transformers.LlamaForCausalLM(cfg).eval()
+    model = llama(kv_heads=2)
     from bitfault.torch.hf import next_token_labels
 
     ids = torch.as_tensor(np.random.default_rng(2).integers(0, 64, (4, 12)))

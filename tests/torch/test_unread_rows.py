@@ -11,6 +11,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from tiny_hf import bert, gpt2  # noqa: E402
+
 import bitfault as bf  # noqa: E402
 from bitfault.campaign import single_faults, trial_maps  # noqa: E402
 from bitfault.torch import OutputEvaluator  # noqa: E402
@@ -19,14 +21,6 @@ from bitfault.torch.hf import mean_pooled, next_token_labels  # noqa: E402
 MEMORIES = [bf.Memory(bf.IntQuant(8, per_channel=True), bf.BitFlip()),
             bf.Memory(bf.Float("bfloat16"), bf.BitFlip())]
 WORDS = "embeddings.word_embeddings.weight"
-
-
-def bert():
-    torch.manual_seed(0)
-    cfg = transformers.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2,
-                                  num_attention_heads=2, intermediate_size=64,
-                                  max_position_embeddings=64)
-    return transformers.BertModel(cfg).eval()
 
 
 def texts():
@@ -92,10 +86,7 @@ def test_unread_rows_masked_without_forward_read_rows_run(memory):
 
 
 def test_tied_embedding_gets_no_shortcut():
-    torch.manual_seed(0)
-    cfg = transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=2,
-                                  n_positions=64, bos_token_id=0, eos_token_id=0)
-    model = transformers.GPT2LMHeadModel(cfg).eval()
+    model = gpt2()
     ids = torch.as_tensor(np.random.default_rng(0).integers(1, 20, (3, 8)))
     ev = OutputEvaluator(model, ids, "language_model", labels=next_token_labels(ids.numpy()))
     assert "transformer.wte.weight" not in ev.unread.candidates  # tied to lm_head
