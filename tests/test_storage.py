@@ -91,6 +91,13 @@ def test_secded_corrects_every_lone_error_and_the_campaign_records_outcomes(tmp_
     assert all(m["words_silent"] == 0 and m["accuracy"] == 1.0 for m in low)  # corrected
     assert sum(m["words_corrected"] for m in low) > 0
     assert "raw_bit_errors" not in raw.records[0].metrics
+    from bitfault.campaign import single_faults
+
+    singles = single_faults([("w", 3, 1)])
+    with pytest.raises(ArgumentError, match="single fault") as info:
+        run(evaluator, singles, ecc, tmp_path / "singles.db")  # protection would be bypassed
+    assert info.value.argument == "memory.storage"
+    assert not (tmp_path / "singles.db").exists()
 
 
 def test_a_spec_with_storage_round_trips_and_bad_storage_is_refused():

@@ -32,7 +32,7 @@ from bitfault.campaign.grid import Trial
 from bitfault.campaign.metrics import Metric, accuracy_metrics, call_metric
 from bitfault.campaign.stopping import StopWhenPrecise
 from bitfault.campaign.store import CampaignStore, TrialRecord
-from bitfault.errors import ArgumentTypeError
+from bitfault.errors import ArgumentError, ArgumentTypeError
 from bitfault.faults import resolve_plane_bits
 from bitfault.maps import FaultMap
 from bitfault.memory import Memory
@@ -52,6 +52,13 @@ def _check_trial(trial: Trial, shapes: Mapping[str, tuple[int, ...]], memory: Me
     if trial.kind == "bit":
         resolve_plane_bits((trial.bit,), memory.format, argument=f"trial {trial.key}: bit")
     elif trial.kind == "single":
+        if memory.storage is not None:
+            raise ArgumentError("memory.storage", memory.storage.to_dict(),
+                                "None for single-fault trials",
+                                requirement=f"trial {trial.key}: a single fault flips one "
+                                            "element bit; a stored memory places its faults "
+                                            "by its pattern in physical words (run a rate "
+                                            "or layer sweep through it)")
         if trial.target is None:
             raise ValueError(f"trial {trial.key}: a single fault needs a target tensor")
         size = math.prod(shapes[trial.target])
