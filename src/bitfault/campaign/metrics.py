@@ -52,7 +52,8 @@ OUTCOMES = ("masked", "non_finite", "corrupted")
 def _log_softmax(logits: np.ndarray) -> np.ndarray:
     x = np.asarray(logits, dtype=np.float64)
     with np.errstate(all="ignore"):
-        top = np.max(np.where(np.isnan(x), -np.inf, x), axis=-1, keepdims=True)
+        seen = np.where(np.isnan(x), -np.inf, x) if np.isnan(np.sum(x)) else x  # the same max
+        top = np.max(seen, axis=-1, keepdims=True)
         top = np.where(np.isfinite(top), top, 0.0)
         shifted = x - top
         return shifted - np.log(np.sum(np.exp(shifted), axis=-1, keepdims=True))
@@ -64,7 +65,9 @@ def _argmax(logits: np.ndarray) -> np.ndarray:
     x = np.asarray(logits)
     if not np.issubdtype(x.dtype, np.floating):
         x = x.astype(np.float64)
-    return np.argmax(np.where(np.isnan(x), -np.inf, x), axis=-1)
+    with np.errstate(all="ignore"):
+        nan = np.isnan(np.sum(x))  # no NaN anywhere: argmax of x itself, the same index
+    return np.argmax(np.where(np.isnan(x), -np.inf, x) if nan else x, axis=-1)
 
 
 def _kl(clean_logp: np.ndarray, faulty_logp: np.ndarray, p: np.ndarray | None = None
