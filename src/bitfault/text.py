@@ -42,7 +42,7 @@ def read_text(path: str | os.PathLike[str]) -> str:
     return text
 
 
-def _gensim_file(name: str, source: str) -> Path:
+def gensim_file(name: str, source: str = "gensim") -> Path:
     """A file of gensim's test data (found, not imported); ``source`` names what wants it."""
     spec = importlib.util.find_spec("gensim")
     if spec is None or not spec.submodule_search_locations:
@@ -61,7 +61,7 @@ def lee_corpus_path(name: str = "lee_background.cor") -> Path:
     """Where gensim's wheel keeps a Lee corpus file (found, not imported)."""
     if name not in LEE_FILES:
         raise ArgumentError("name", name, f"one of {LEE_FILES}")
-    return _gensim_file(name, "lee")
+    return gensim_file(name, "lee")
 
 
 def lee_corpus(name: str = "lee_background.cor") -> str:
@@ -207,7 +207,7 @@ def lee_pairs() -> TextPairs:
     50 matrix (one row a line, tab-separated, mean ratings scaled to 0..1) whose upper
     triangle rates document i with document j (its diagonal is 1, its lower triangle 0)."""
     docs = [d.strip() for d in lee_corpus("lee.cor").splitlines() if d.strip()]
-    where = _gensim_file("similarities0-1.txt", "lee")
+    where = gensim_file("similarities0-1.txt", "lee")
     rows = [line.split() for line in where.read_text(encoding="utf-8").splitlines()
             if line.strip()]
     try:
@@ -236,9 +236,9 @@ def text_pairs(name: str | None = None, path: str | os.PathLike[str] | None = No
     check_choice(name, tuple(PAIR_SETS), "name")
     if name == "lee":
         return lee_pairs()
-    pairs = read_pairs(_gensim_file(PAIR_SETS[name], name))
+    pairs = read_pairs(gensim_file(PAIR_SETS[name], name))
     return TextPairs(pairs.texts, pairs.pairs, pairs.scores, name)
 
 
-__all__ = ["PAIR_SETS", "TextPairs", "lee_corpus", "lee_corpus_path", "lee_pairs",
+__all__ = ["PAIR_SETS", "TextPairs", "gensim_file", "lee_corpus", "lee_corpus_path", "lee_pairs",
            "read_pairs", "read_text", "text_pairs", "token_windows"]

@@ -8,7 +8,6 @@ is imported only by the functions that need a tokenizer.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ import numpy as np
 import torch
 
 from bitfault.errors import ArgumentError, check_int
+from bitfault.text import gensim_file, lee_corpus
 
 IGNORE = -100  # a label position no metric scores (Hugging Face's convention)
 
@@ -66,21 +66,8 @@ def text_windows(tokenizer: Any, text: str, context: int, windows: int | None = 
 
 def gensim_corpus(name: str = "lee_background.cor") -> Path:
     """The path of one of the corpora in gensim's wheel (gensim/test/test_data), found
-    without importing gensim."""
-    spec = importlib.util.find_spec("gensim")
-    if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError("gensim's test corpora need the gensim wheel installed; or "
-                                  "read a text file of your own")
-    path = Path(next(iter(spec.submodule_search_locations))) / "test" / "test_data" / name
-    if not path.is_file():
-        raise ArgumentError("name", name, "a file of gensim/test/test_data",
-                            requirement=f"{path} does not exist")
-    return path
-
-
-def lee_corpus() -> str:
-    """The Lee news corpus (real English news text, about 300 short documents)."""
-    return gensim_corpus("lee_background.cor").read_text(encoding="utf-8", errors="replace")
+    without importing gensim (``bitfault.text.gensim_file``)."""
+    return gensim_file(name, name)
 
 
 def mean_pooled(out: Any, batch: Any) -> torch.Tensor:
