@@ -16,6 +16,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from torch_helpers import plain_predictions  # noqa: E402
+
 import bitfault as bf  # noqa: E402
 from bitfault.campaign import (  # noqa: E402
     bit_sweep,
@@ -28,7 +30,7 @@ from bitfault.campaign import (  # noqa: E402
 )
 from bitfault.data import split_embedded_mnist  # noqa: E402
 from bitfault.models.torch import seed_mlp, small_cnn  # noqa: E402
-from bitfault.torch import TorchEvaluator, inject_, inject_tensor  # noqa: E402
+from bitfault.torch import TorchEvaluator, inject_tensor  # noqa: E402
 
 SEED_FORMAT = bf.FixedPoint(32, 28, rounding="trunc")
 INT8 = bf.Memory(bf.IntQuant(8), bf.BitFlip())
@@ -64,20 +66,6 @@ def cnn() -> torch.nn.Module:
     return _train(small_cnn((4, 8)), steps=30, lr=0.05)
 
 
-def reference(model: torch.nn.Module, x: np.ndarray, memory: bf.Memory,
-              maps: dict[str, bf.FaultMap]) -> np.ndarray:
-    """The plain loop: inject_ the maps (every other weight stored in the format), forward."""
-    handle = inject_(model, bf.FaultSpec(format=memory.format, fault=memory.fault,
-                                         maps=maps or None) if maps else
-                     bf.FaultSpec(format=memory.format, fault=memory.fault, count=0))
-    try:
-        with torch.no_grad():
-            logits = model(torch.from_numpy(x)).double()
-    finally:
-        handle.remove()
-    return torch.where(torch.isnan(logits), -torch.inf, logits).argmax(1).numpy()
-
-
 def check_campaign(model: torch.nn.Module, data: tuple, trials: list, memory: bf.Memory,
                    store: Path) -> list[float]:
     x, y = data
@@ -87,10 +75,10 @@ def check_campaign(model: torch.nn.Module, data: tuple, trials: list, memory: bf
     shapes = ev.tensor_shapes()
     accs = []
     for t in trials:
-        pred = reference(model, x, memory, trial_maps(t, memory, shapes))
+        pred = plain_predictions(model, x, memory, trial_maps(t, memory, shapes))
         assert got[t.key]["correct"] == int(np.sum(pred == y)), t.key
         accs.append(got[t.key]["accuracy"])
-    clean = reference(model, x, memory, {})
+    clean = plain_predictions(model, x, memory, {})
     assert result.clean["correct"] == int(np.sum(clean == y))
     return accs
 
@@ -246,5 +234,6 @@ def test_patched_replica_tracks_what_it_holds(mlp, data) -> None:
         if k == 9:
             ev = pickle.loads(pickle.dumps(ev))  # as Ray ships it
         got, = ev.predict([maps], memory)
-        assert np.array_equal(got, reference(mlp, x[:100], memory, maps)), (memory, ber, seed)
+        want = plain_predictions(mlp, x[:100], memory, maps)
+        assert np.array_equal(got, want), (memory, ber, seed)
     assert any(v is not None for v in ev._patchable.values())  # the patch path ran

@@ -20,7 +20,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from torch import nn  # noqa: E402
-from torch_helpers import bits_equal, same_state, snapshot  # noqa: E402
+from torch_helpers import bits_equal, plain_predictions, same_state, snapshot  # noqa: E402
 
 import bitfault as bf  # noqa: E402
 from bitfault.campaign import (  # noqa: E402
@@ -88,17 +88,6 @@ def _trials(ev: TorchEvaluator, memory: bf.Memory) -> list:
             + sampled_single_faults(ev.tensor_shapes(), memory.format, size=40, seed=3))
 
 
-def reference(model: nn.Module, x: np.ndarray, memory: bf.Memory, maps: dict) -> np.ndarray:
-    """The plain loop: ``inject_`` the maps (every other target stored), one forward."""
-    handle = inject_(model, bf.FaultSpec(format=memory.format, fault=memory.fault, maps=maps))
-    try:
-        with torch.no_grad():
-            logits = model(torch.from_numpy(x)).double()
-    finally:
-        handle.remove()
-    return torch.where(torch.isnan(logits), -torch.inf, logits).argmax(1).numpy()
-
-
 def counted(ev: TorchEvaluator) -> int:
     """The bytes ``ev``'s caches hold, counted here: the distinct storages of the kept
     clean values other than the replica's tensors and the data, and the NumPy buffers
@@ -160,7 +149,7 @@ def test_results_do_not_depend_on_max_bytes(kind: str) -> None:
     for k, (a, b, c) in enumerate(zip(got_small, got_mid, got_large, strict=True)):
         assert np.array_equal(a, c) and np.array_equal(b, c), k
         if k < n_layer:  # layer and rate trials: also the plain loop's
-            assert np.array_equal(c, reference(model, x, memory, maps[k])), k
+            assert np.array_equal(c, plain_predictions(model, x, memory, maps[k])), k
     assert len({p.tobytes() for p in got_large}) > 3  # the faults change predictions
     for ev in (small, mid, large):
         assert replica_is_stored(ev, model, memory) and not ev._undo

@@ -4,6 +4,9 @@ import numpy as np
 import pytest
 import torch
 
+from bitfault.spec import FaultSpec
+from bitfault.torch import inject_
+
 nn = torch.nn
 
 
@@ -52,3 +55,16 @@ def same_state(model: "nn.Module", snap: dict) -> bool:
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)
+
+
+def plain_predictions(model: "nn.Module", x: np.ndarray, memory, maps: dict) -> np.ndarray:
+    """The plain loop: inject_ the maps (every other weight stored in the format), forward."""
+    handle = inject_(model, FaultSpec(format=memory.format, fault=memory.fault,
+                                         maps=maps or None) if maps else
+                     FaultSpec(format=memory.format, fault=memory.fault, count=0))
+    try:
+        with torch.no_grad():
+            logits = model(torch.from_numpy(x)).double()
+    finally:
+        handle.remove()
+    return torch.where(torch.isnan(logits), -torch.inf, logits).argmax(1).numpy()
