@@ -40,23 +40,31 @@ class InjectionStats:
     saturated: int
 
 
+def faults_at(words: np.ndarray, fmt: Format, fault: FaultModel, fmap: FaultMap,
+              plane: str = CODES) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The words of ``words`` (one plane of a tensor in ``fmt``) that ``fmap`` faults with
+    ``fault``: their flat indices, the words before and after, and the masks applied
+    (uint32), at the cost of the faults alone; ``words`` is not changed. ``plane``: as
+    ``fault_words``'s."""
+    if plane == CODES:
+        idx, masks = eligible_faults(fmap, words.shape, fmt, fault)
+    else:
+        check_fault_model(fault)
+        idx, masks = plane_faults(fmap, fmt, fault, plane)
+    before = np.asarray(words).reshape(-1)[idx]
+    return idx, before, fault.apply(before, masks_as_words(masks, words.dtype)), masks
+
+
 def fault_words(words: np.ndarray, fmt: Format, fault: FaultModel, fmap: FaultMap,
                 plane: str = CODES) -> tuple[np.ndarray, InjectionStats]:
     """Apply ``fault`` at ``fmap``'s bits to a copy of ``words``; also return what changed.
 
     ``plane``: which plane ``words`` are of a block-format tensor (its codes: the map is
     checked against their shape; another plane: the caller has checked the map fits)."""
-    if plane == CODES:
-        idx, masks = eligible_faults(fmap, words.shape, fmt, fault)
-    else:
-        check_fault_model(fault)
-        idx, masks = plane_faults(fmap, fmt, fault, plane)
+    idx, before, after, masks = faults_at(words, fmt, fault, fmap, plane)
     container = words.dtype
     out = np.array(words, copy=True, order="C")  # C order: reshape(-1) below is a view
-    flat = out.reshape(-1)
-    before = flat[idx]
-    after = fault.apply(before, masks_as_words(masks, container))
-    flat[idx] = after
+    out.reshape(-1)[idx] = after
     changed = np.bitwise_xor(before, after).view(f"u{container.itemsize}")
     stats = InjectionStats(
         faults=int(popcount(masks).sum()),
@@ -103,4 +111,4 @@ def inject(x: Any, fmt: Format, fault: FaultModel, fmap: FaultMap) -> np.ndarray
     return inject_with_stats(x, fmt, fault, fmap)[0]
 
 
-__all__ = ["InjectionStats", "fault_words", "inject", "inject_with_stats"]
+__all__ = ["InjectionStats", "fault_words", "faults_at", "inject", "inject_with_stats"]

@@ -23,8 +23,8 @@ from bitfault.faults import FaultModel
 from bitfault.formats import BlockFormat, plane_formats
 from bitfault.formats.blocks import CODES
 from bitfault.gguf_memory import StoredGGUF
+from bitfault.inject import faults_at
 from bitfault.maps import FaultMap
-from bitfault.memory import eligible_faults, masks_as_words, plane_faults
 
 
 @dataclass(frozen=True, eq=False)
@@ -73,13 +73,7 @@ def faulty_elements(t: StoredGGUF, fmap: FaultMap, fault: FaultModel
     changed: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     faults = changes = 0
     for plane, words in t.planes.items():
-        if plane == CODES:
-            idx, masks = eligible_faults(fmap, words.shape, fmt, fault)
-        else:
-            idx, masks = plane_faults(fmap, fmt, fault, plane)
-        flat = words.reshape(-1)
-        before = flat[idx]
-        after = fault.apply(before, masks_as_words(masks, words.dtype))
+        idx, before, after, masks = faults_at(words, fmt, fault, fmap, plane)
         differ = before != after
         faults += int(np.bitwise_count(masks).sum())
         changes += int(differ.sum())
