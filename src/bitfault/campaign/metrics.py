@@ -49,35 +49,68 @@ def call_metric(metric: Metric, labels: np.ndarray, clean: np.ndarray, faulty: n
 OUTCOMES = ("masked", "non_finite", "corrupted")
 
 
-def _log_softmax(logits: np.ndarray) -> np.ndarray:
-    x = np.asarray(logits, dtype=np.float64)
-    with np.errstate(all="ignore"):
-        seen = np.where(np.isnan(x), -np.inf, x) if np.isnan(np.sum(x)) else x  # the same max
-        top = np.max(seen, axis=-1, keepdims=True)
-        top = np.where(np.isfinite(top), top, 0.0)
-        shifted = x - top
-        return shifted - np.log(np.sum(np.exp(shifted), axis=-1, keepdims=True))
-
-
-def _argmax(logits: np.ndarray) -> np.ndarray:
-    """Argmax over the last axis; a NaN never wins (as ``predicted_labels``). Float logits
-    are compared in their own dtype (widening to float64 keeps their order: same index)."""
+def _floating(logits: np.ndarray) -> np.ndarray:
     x = np.asarray(logits)
-    if not np.issubdtype(x.dtype, np.floating):
-        x = x.astype(np.float64)
+    return x if np.issubdtype(x.dtype, np.floating) else x.astype(np.float64)
+
+
+def _row_max(x: np.ndarray) -> np.ndarray:
+    """Each row's maximum in its own dtype (widening it to float64 is exact: the float64
+    maximum); NaN where the row holds a NaN."""
+    return np.max(x, axis=-1, keepdims=True)
+
+
+def _log_softmax(logits: np.ndarray, top: np.ndarray | None = None) -> np.ndarray:
+    """Log-softmax over the last axis in float64, shifted by each row's maximum (0 where
+    that is not finite: a row holding a NaN is NaN throughout, whatever the shift);
+    ``top``: ``_row_max(logits)`` when already known. One float64 array is written and
+    shifted in place; a NaN row's exponentials are not computed."""
+    x = _floating(logits)
     with np.errstate(all="ignore"):
-        nan = np.isnan(np.sum(x))  # no NaN anywhere: argmax of x itself, the same index
-    return np.argmax(np.where(np.isnan(x), -np.inf, x) if nan else x, axis=-1)
+        top = _row_max(x) if top is None else top
+        out = np.subtract(x, np.where(np.isfinite(top), top, 0).astype(np.float64),
+                          dtype=np.float64)
+        nan = np.isnan(top)
+        if nan.any():
+            e = np.exp(out, out=np.zeros_like(out), where=~nan)
+            lse = np.log(np.sum(e, axis=-1, keepdims=True))
+            lse[nan] = np.nan
+        else:
+            lse = np.log(np.sum(np.exp(out), axis=-1, keepdims=True))
+        out -= lse
+    return out
+
+
+def _argmax(logits: np.ndarray, top: np.ndarray | None = None) -> np.ndarray:
+    """Argmax over the last axis; a NaN never wins (as ``predicted_labels``). Float logits
+    are compared in their own dtype (widening to float64 keeps their order: same index);
+    only rows holding a NaN (``top``, ``_row_max``, is NaN there) are masked."""
+    x = _floating(logits)
+    with np.errstate(all="ignore"):
+        nan = np.isnan(_row_max(x) if top is None else top).reshape(x.shape[:-1])
+    out = np.argmax(x, axis=-1)
+    if nan.any():
+        out[nan] = np.argmax(np.where(np.isnan(x[nan]), -np.inf, x[nan]), axis=-1)
+    return out
 
 
 def _kl(clean_logp: np.ndarray, faulty_logp: np.ndarray, p: np.ndarray | None = None
         ) -> np.ndarray:
     """KL(clean || faulty) over the last axis, in nats (0 where clean gives no mass);
-    ``p``: ``exp(clean_logp)`` when already known."""
+    ``p``: ``exp(clean_logp)`` when already known. ``p * (clean_logp - faulty_logp)``
+    summed; a row where that is NaN is summed again with its massless terms set to 0
+    (which may make it finite), unless the faulty row is NaN and the clean one is not
+    (log-softmax rows are NaN throughout or nowhere; the KL is NaN either way)."""
     p = np.exp(clean_logp) if p is None else p
     with np.errstate(all="ignore"):
-        terms = np.where(p > 0, p * (clean_logp - faulty_logp), 0.0)
-    return np.sum(terms, axis=-1)
+        terms = np.subtract(clean_logp, faulty_logp)
+        terms *= p
+        kl = np.sum(terms, axis=-1)
+        odd = np.isnan(kl) & ~(np.isnan(faulty_logp[..., 0]) & ~np.isnan(clean_logp[..., 0]))
+        if odd.any():
+            po, co, fo = p[odd], clean_logp[odd], faulty_logp[odd]
+            kl[odd] = np.sum(np.where(po > 0, po * (co - fo), 0.0), axis=-1)
+    return kl
 
 
 ROW_CHUNK_BYTES = 4 << 20
@@ -132,8 +165,11 @@ def _logit_rows(faulty: np.ndarray, clean: np.ndarray, labels: np.ndarray | None
     step = max(1, ROW_CHUNK_BYTES // (8 * max(width, 1)))
     for i in range(0, n, step):
         part = slice(i, min(i + step, n))
-        lf = _log_softmax(f2[part])
-        top[part] = _argmax(f2[part])
+        fp = _floating(f2[part])
+        with np.errstate(all="ignore"):
+            fmax = _row_max(fp)
+        lf = _log_softmax(fp, fmax)
+        top[part] = _argmax(fp, fmax)
         if clean_rows is None:
             lc = _log_softmax(c2[part])
             agree[part] = top[part] == _argmax(c2[part])
