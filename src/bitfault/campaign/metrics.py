@@ -60,23 +60,38 @@ def _row_max(x: np.ndarray) -> np.ndarray:
     return np.max(x, axis=-1, keepdims=True)
 
 
-def _log_softmax(logits: np.ndarray, top: np.ndarray | None = None) -> np.ndarray:
+EXP_FLOOR = -746.0
+"""At and below this, float64 ``exp`` is 0 (its smallest subnormal is exp(-744.4)). Faulty
+logits of 1e5 put almost every shifted logit there, where NumPy's exp takes a slow path
+(5-70 ns a value, 10x its usual cost), so those exponentials are not taken but set to 0:
+the same values."""
+
+
+def _log_softmax(logits: np.ndarray, top: np.ndarray | None = None,
+                 out: np.ndarray | None = None, work: np.ndarray | None = None) -> np.ndarray:
     """Log-softmax over the last axis in float64, shifted by each row's maximum (0 where
     that is not finite: a row holding a NaN is NaN throughout, whatever the shift);
-    ``top``: ``_row_max(logits)`` when already known. One float64 array is written and
-    shifted in place; a NaN row's exponentials are not computed."""
+    ``top``: ``_row_max(logits)`` when already known. Written into ``out`` and shifted in
+    place, the exponentials in ``work`` (float64 arrays of the logits' shape, allocated
+    when None: fresh pages cost more than the arithmetic); a NaN row's exponentials are
+    not computed."""
     x = _floating(logits)
     with np.errstate(all="ignore"):
         top = _row_max(x) if top is None else top
         out = np.subtract(x, np.where(np.isfinite(top), top, 0).astype(np.float64),
-                          dtype=np.float64)
+                          out=out, dtype=np.float64)
         nan = np.isnan(top)
+        taken = out > EXP_FLOOR  # False at a NaN; every other exponential is 0
         if nan.any():
-            e = np.exp(out, out=np.zeros_like(out), where=~nan)
-            lse = np.log(np.sum(e, axis=-1, keepdims=True))
-            lse[nan] = np.nan
+            taken &= ~nan
+        if taken.all():
+            e = np.exp(out, out=work)
         else:
-            lse = np.log(np.sum(np.exp(out), axis=-1, keepdims=True))
+            e = np.zeros_like(out) if work is None else work
+            e.fill(0.0)
+            np.exp(out, out=e, where=taken)
+        lse = np.log(np.sum(e, axis=-1, keepdims=True))
+        lse[nan] = np.nan
         out -= lse
     return out
 
@@ -90,20 +105,23 @@ def _argmax(logits: np.ndarray, top: np.ndarray | None = None) -> np.ndarray:
         nan = np.isnan(_row_max(x) if top is None else top).reshape(x.shape[:-1])
     out = np.argmax(x, axis=-1)
     if nan.any():
-        out[nan] = np.argmax(np.where(np.isnan(x[nan]), -np.inf, x[nan]), axis=-1)
+        rows = x[nan]  # a copy
+        rows[np.isnan(rows)] = -np.inf
+        out[nan] = np.argmax(rows, axis=-1)
     return out
 
 
-def _kl(clean_logp: np.ndarray, faulty_logp: np.ndarray, p: np.ndarray | None = None
-        ) -> np.ndarray:
+def _kl(clean_logp: np.ndarray, faulty_logp: np.ndarray, p: np.ndarray | None = None,
+        work: np.ndarray | None = None) -> np.ndarray:
     """KL(clean || faulty) over the last axis, in nats (0 where clean gives no mass);
     ``p``: ``exp(clean_logp)`` when already known. ``p * (clean_logp - faulty_logp)``
     summed; a row where that is NaN is summed again with its massless terms set to 0
     (which may make it finite), unless the faulty row is NaN and the clean one is not
-    (log-softmax rows are NaN throughout or nowhere; the KL is NaN either way)."""
+    (log-softmax rows are NaN throughout or nowhere; the KL is NaN either way); ``work``:
+    a float64 array of their shape for the terms (allocated when None)."""
     p = np.exp(clean_logp) if p is None else p
     with np.errstate(all="ignore"):
-        terms = np.subtract(clean_logp, faulty_logp)
+        terms = np.subtract(clean_logp, faulty_logp, out=work)
         terms *= p
         kl = np.sum(terms, axis=-1)
         odd = np.isnan(kl) & ~(np.isnan(faulty_logp[..., 0]) & ~np.isnan(clean_logp[..., 0]))
@@ -135,8 +153,9 @@ class CleanRows:
         logp, p = np.empty(c2.shape), np.empty(c2.shape)
         step = max(1, ROW_CHUNK_BYTES // (8 * max(c2.shape[-1], 1)))
         for i in range(0, len(c2), step):
-            logp[i:i + step] = _log_softmax(c2[i:i + step])
-            p[i:i + step] = np.exp(logp[i:i + step])
+            part = slice(i, i + step)
+            _log_softmax(c2[part], out=logp[part], work=p[part])
+            np.exp(logp[part], out=p[part])
         return cls(logp, p, _argmax(c2))
 
     @staticmethod
@@ -163,20 +182,22 @@ def _logit_rows(faulty: np.ndarray, clean: np.ndarray, labels: np.ndarray | None
     agree, top = np.zeros(n, bool), np.zeros(n, np.int64)
     kl, nll = np.zeros(n), np.zeros(n)
     step = max(1, ROW_CHUNK_BYTES // (8 * max(width, 1)))
+    work = np.empty((3, min(step, n), width))  # one chunk's float64 rows, reused
     for i in range(0, n, step):
         part = slice(i, min(i + step, n))
+        lf_out, e_out, lc_out = work[:, :part.stop - i]
         fp = _floating(f2[part])
         with np.errstate(all="ignore"):
             fmax = _row_max(fp)
-        lf = _log_softmax(fp, fmax)
+        lf = _log_softmax(fp, fmax, out=lf_out, work=e_out)
         top[part] = _argmax(fp, fmax)
         if clean_rows is None:
-            lc = _log_softmax(c2[part])
+            lc = _log_softmax(c2[part], out=lc_out, work=e_out)
             agree[part] = top[part] == _argmax(c2[part])
-            kl[part] = _kl(lc, lf)
+            kl[part] = _kl(lc, lf, work=e_out)
         else:
             agree[part] = top[part] == clean_rows.top[part]
-            kl[part] = _kl(clean_rows.logp[part], lf, clean_rows.p[part])
+            kl[part] = _kl(clean_rows.logp[part], lf, clean_rows.p[part], work=e_out)
         safe = np.where(lab[part] >= 0, lab[part], 0)
         nll[part] = -np.take_along_axis(lf, safe[:, None], axis=-1)[:, 0]
     return (agree.reshape(rows), kl.reshape(rows), top.reshape(rows), nll.reshape(rows))
