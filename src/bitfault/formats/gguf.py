@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Literal
 
 import numpy as np
@@ -97,7 +98,7 @@ class GGUF(BlockFormat, kind="gguf"):
     def block_size(self) -> int:
         return QK
 
-    @property
+    @cached_property  # built once per format: a trial asks per plane of every tensor
     def planes(self) -> tuple[Plane, ...]:
         codes = IntCodes(8, True) if self.type == "q8_0" else IntCodes(4, False)
         out = [Plane("codes", codes, "element"), Plane("scale", Float("float16"), "block")]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, ClassVar
 
 import numpy as np
@@ -60,7 +61,7 @@ class GroupwiseInt(BlockFormat):
     def block_size(self) -> int:
         return self.group_size
 
-    @property
+    @cached_property  # built once per format: a trial asks per plane of every tensor
     def planes(self) -> tuple[Plane, ...]:
         out = [Plane("codes", IntCodes(self.bits, self.symmetric), "element"),
                Plane("scale", Float("float16"), "block")]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Literal
 
 import numpy as np
@@ -137,7 +138,7 @@ class MX(BlockFormat, kind="mx"):
         """The word format of one element code."""
         return IntCodes(8, signed=True) if self.element == "int8" else Float(self.element)
 
-    @property
+    @cached_property  # built once per format: a trial asks per plane of every tensor
     def planes(self) -> tuple[Plane, ...]:
         return (Plane("codes", self.element_format, "element"), Plane("scale", E8M0, "block"))
 

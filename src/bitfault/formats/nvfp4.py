@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -49,7 +50,7 @@ class NVFP4(BlockFormat, kind="nvfp4"):
     def block_size(self) -> int:
         return NVFP4_BLOCK
 
-    @property
+    @cached_property  # built once per format: a trial asks per plane of every tensor
     def planes(self) -> tuple[Plane, ...]:
         return (Plane("codes", E2M1, "element"), Plane("scale", E4M3, "block"),
                 Plane("tensor_scale", FLOAT32, "tensor"))
