@@ -279,3 +279,83 @@ def test_gguf_trials_reuse_blocks_and_equal_whole_runs(tmp_path):
     finally:
         grab.remove()
     assert ev.stack_cache.enabled and ev.stack_cache.kept("gguf", 0) == [0, 1]
+
+
+def test_gguf_tied_embedding_faults_in_unread_rows_start_after_the_stack(tmp_path):
+    """The tied token embedding is the LM head's weight: a fault in a row the token ids
+    never name changes nothing before the stack's end, so no block runs, and the logits
+    equal the whole faulty model's bit for bit; a fault in a row the data reads (or a
+    weight read elsewhere, caught by the proof) runs the whole model."""
+    pytest.importorskip("gguf")
+    from bitfault.maps import FaultMap
+    from bitfault.torch.gguf import load_gguf_model
+    from bitfault.torch.gguf_eval import GGUFEvaluator
+    from gguf_helpers import HIDDEN, write_tiny_llama
+
+    gm = load_gguf_model(write_tiny_llama(tmp_path / "tiny.gguf", seed=5, tied=True))
+    ids = np.random.default_rng(1).integers(0, 64, (3, 16))  # rows 64..127 never read
+    ev = GGUFEvaluator(gm, ids, np.asarray(next_token_labels(torch.from_numpy(ids))),
+                       metric="language_model")
+    shapes, x, name = ev.tensor_shapes(), torch.from_numpy(ids), "token_embd.weight"
+    last = {}
+    grab = gm.model.register_forward_hook(
+        lambda mod, args, out: last.__setitem__("logits", out.logits.detach().clone()))
+    ev.predict([{}], ev.memory)
+    scale = FaultMap((128, HIDDEN // 32), np.array([90 * 2 + 1]), np.array([1 << 14],
+                     np.uint32), f"{name}:scale")
+    read_row = int(ids[0, 0])
+    cases = [(FaultMap(shapes[name], np.array([100 * HIDDEN + 5]), np.array([1 << 6],
+                       np.uint32), name), 2),  # a code of unread row 100
+             (FaultMap(shapes[name], np.zeros(0, np.int64), np.zeros(0, np.uint32), name,
+                       planes={"scale": scale}), 2),  # the scale of a block of row 90
+             (FaultMap(shapes[name], np.array([read_row * HIDDEN + 3]), np.array([1 << 6],
+                       np.uint32), name), 0)]  # a row the data reads
+    ev.predict([{name: cases[0][0]}], ev.memory)  # the first such trial runs the proof
+    try:
+        for fmap, start in cases:
+            counts, handles = block_calls(ev.stack_cache.blocks)
+            try:
+                ev.predict([{name: fmap}], ev.memory)
+            finally:
+                for h in handles:
+                    h.remove()
+            assert [c == 0 for c in counts] == [i < start for i in range(2)], counts
+            got = last["logits"]
+            gm.inject_({name: fmap})
+            with torch.no_grad():
+                expect = gm.model(x).logits
+            gm.restore_()
+            assert torch.equal(bits(got), bits(expect))
+    finally:
+        grab.remove()
+    assert ev.rows_before_stack.proven("gguf") and ev.rows_before_stack.unread(
+        "gguf", {"model.embed_tokens.weight": np.array([64, 127])})
+
+
+def test_rows_before_stack_refuses_when_something_else_reads_the_weight():
+    from bitfault.torch.stack_reuse import StackReuse
+    from bitfault.torch.unread_rows import RowsBeforeStack, tied_candidates
+
+    model = gpt2()  # its token embedding is its LM head's weight
+    stack = StackReuse(model, "transformer.h")
+    x = torch.from_numpy(np.random.default_rng(2).integers(0, 32, (2, 8)))
+    with torch.no_grad(), stack.capture("k", 0):
+        model(x)
+    candidates = tied_candidates(model, stack)
+    assert list(candidates) == ["transformer.wte.weight"]
+    emb = model.transformer.wte.weight
+    layer = model.transformer.h[0]
+    run = lambda: model(x)  # noqa: E731
+    with torch.no_grad():
+        fair = RowsBeforeStack(candidates, model.transformer.h[-1])
+        assert fair.prove("k", run)
+        assert fair.unread("k", {"transformer.wte.weight": np.array([40])})
+        assert not fair.unread("k", {"transformer.wte.weight": np.array([int(x[0, 0])])})
+        hook = layer.register_forward_pre_hook(  # a block that reads every row
+            lambda m, args: (args[0] + emb.sum() * 0, *args[1:]))
+        try:
+            other = RowsBeforeStack(candidates, model.transformer.h[-1])
+            assert not other.prove("k", run)
+            assert "something else reads" in other.reason["k"]
+        finally:
+            hook.remove()

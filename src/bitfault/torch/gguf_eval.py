@@ -28,8 +28,10 @@ from bitfault.campaign.metrics import CleanRows, OutputMetric, make_records
 from bitfault.errors import ArgumentError, ArgumentTypeError
 from bitfault.faults import BitFlip
 from bitfault.formats import GGUF, BlockFormat, Format, plane_formats
+from bitfault.formats.blocks import CODES
 from bitfault.maps import FaultMap
 from bitfault.memory import Memory
+from bitfault.torch.unread_rows import RowsBeforeStack, tied_candidates
 
 REPRESENTATIVE = GGUF("q4_1")  # every plane a GGUF block can have: codes, scale, min
 CLEAN = "gguf"  # the key of the clean run's block outputs: the file itself, any fault model
@@ -106,6 +108,7 @@ class GGUFEvaluator:
         first = self._outputs(self._batches[0])
         self.metric.check(first.shape, self.labels[self._batches[0]])
         self._digest = self._file_digest()
+        self.rows_before_stack: RowsBeforeStack | None = None  # built after the first capture
 
     def with_memory(self, fault: Any, plane_rates: Mapping[str, float] | None) -> Memory:
         """The campaign memory: this file's formats, ``fault``, ``plane_rates``."""
@@ -171,11 +174,11 @@ class GGUFEvaluator:
                 clean = self._clean_output(i, b)
                 faulty = clean
                 if active:
+                    k = self._start(active) if self.stack_reuse else 0  # may prove, clean
                     if self._applied is not active:
                         self._applied = None
                         self.gm.inject_(active, memory.fault)
                         self._applied = active
-                    k = self._start(active) if self.stack_reuse else 0
                     with self.stack_cache.reusing(CLEAN, i, k):
                         faulty = self._outputs(b)
                 parts.append(make_records(self.metric, faulty, clean, self.labels[b],
@@ -184,8 +187,62 @@ class GGUFEvaluator:
         return out
 
     def _start(self, active: Maps) -> int:
-        """The first block a trial's faulty GGUF tensors reach (their parameters' blocks)."""
-        return self.stack_cache.start({self.gm.targets[n.partition(":")[0]] for n in active})
+        """The first block a trial's faulty GGUF tensors reach (their parameters' blocks);
+        a tied embedding (the LM head's weight) whose faulty rows the data never reads
+        reaches nothing before the stack's end (``unread_rows.RowsBeforeStack``)."""
+        paths = {n: self.gm.targets[n.partition(":")[0]] for n in active}
+        unread = [paths[n] for n, rows in self._faulty_rows(active).items()
+                  if self._rows_unread(paths[n], rows)]
+        return self.stack_cache.start(set(paths.values()), unread)
+
+    def _faulty_rows(self, active: Maps) -> dict[str, np.ndarray]:
+        """GGUF name -> the parameter rows its faults change, for each faulty tensor that
+        is a tied-embedding candidate stored in place (other tensors are left out)."""
+        if self.rows_before_stack is None:
+            if not self.stack_cache.learnt:
+                return {}
+            self.rows_before_stack = RowsBeforeStack(
+                tied_candidates(self.gm.model, self.stack_cache), self.stack_cache.blocks[-1])
+        out = {}
+        for name, fmap in active.items():
+            base = name.partition(":")[0]
+            path = self.gm.targets[base]
+            places = self.gm.places(base) if path in self.rows_before_stack.candidates else None
+            if places is None or any(v is not None for v in places.places.values()):
+                continue
+            rows = tensor_rows(fmap, self.memory.formats[base], self.shapes[base])
+            if rows is not None:
+                out[name] = rows
+        return out
+
+    def _rows_unread(self, path: str, rows: np.ndarray) -> bool:
+        rb = self.rows_before_stack
+        if rb is None:
+            return False
+        if not rb.proven(CLEAN):
+            self.gm.restore_()
+            self._applied = None
+            rb.prove(CLEAN, lambda: [self._outputs(b) for b in self._batches])
+        return rb.unread(CLEAN, {path: rows})
+
+
+def tensor_rows(fmap: FaultMap, fmt: Format, shape: tuple[int, ...]) -> np.ndarray | None:
+    """The rows (first axis) of a 2-D tensor of ``shape`` stored in ``fmt`` whose values
+    ``fmap``'s faults (codes and block planes) change; None where a plane's words do not
+    lie within one row (blocks across rows, a tensor-wide word)."""
+    if len(shape) != 2:
+        return None
+    width = shape[1]
+    rows = [np.asarray(fmap.indices, np.int64) // width]
+    for plane in plane_formats(fmt):
+        sub = fmap.plane(plane) if plane != CODES else None
+        if sub is None or not sub.n_faults:
+            continue
+        k = getattr(fmt, "block_size", 0)
+        if getattr(fmt, "axis", None) not in (-1, 1) or not k or width % k:
+            return None
+        rows.append(np.asarray(sub.indices, np.int64) // (width // k))
+    return np.unique(np.concatenate(rows))
 
 
 __all__ = ["GGUFEvaluator", "GGUFFileMemory"]

@@ -138,22 +138,40 @@ class StackReuse:
         head = path[len(self._prefix):].partition(".")[0]
         return int(head) if head.isdigit() and int(head) < len(self.blocks) else None
 
-    def start(self, paths: Iterable[str]) -> int:
+    def start(self, paths: Iterable[str], unread: Iterable[str] = ()) -> int:
         """The first block a trial whose faulty tensors are ``paths`` (model paths; a tied
         tensor counts under each of its names) must recompute: its lowest faulty block,
         ``len(blocks)`` if all lie after the stack, 0 if any lies before it or anywhere
-        not known to run only after the stack (then the whole model runs)."""
+        not known to run only after the stack (then the whole model runs). A path in
+        ``unread`` (an embedding whose faulty rows the data never reads, proven by
+        ``unread_rows.RowsBeforeStack``) counts only under its other names."""
         if not self.enabled or self._tail is None:
             return 0
-        k = len(self.blocks)
+        k, skip = len(self.blocks), set(unread)
         for path in paths:
             for name in self._aliases.get(path, [path]):
+                if name in skip:
+                    continue
                 j = self.block_of(name)
                 if j is None and name.rpartition(".")[0] not in self._tail:
                     return 0
                 if j is not None:
                     k = min(k, j)
         return k
+
+    def aliases(self, path: str) -> list[str]:
+        """Every name of the tensor at ``path`` (more than one: a tied tensor)."""
+        return list(self._aliases.get(path, [path]))
+
+    @property
+    def learnt(self) -> bool:
+        """Whether reuse is on and a clean run has shown what runs after the stack."""
+        return self.enabled and self._tail is not None
+
+    def after_stack(self, module: str) -> bool:
+        """Whether module ``module`` is known to run only after the stack (learnt by the
+        first ``capture``)."""
+        return self._tail is not None and module in self._tail
 
     # ---- the clean run: keeping block outputs ---------------------------------------------
 

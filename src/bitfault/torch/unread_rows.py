@@ -150,3 +150,88 @@ class UnreadRows:
 
 
 __all__ = ["UnreadRows", "embedding_candidates"]
+
+
+def tied_candidates(model: Any, stack: Any) -> dict[str, Any]:
+    """Model path -> module, for each stock ``nn.Embedding`` weight tied to modules that
+    run only after ``stack`` (a ``StackReuse`` that has captured a clean run), as a
+    language model's input embedding shared with its LM head."""
+    from torch import nn
+
+    out = {}
+    for path, module in embedding_candidates(model, [
+            n for n, _ in model.named_parameters(remove_duplicate=False)], {}).items():
+        others = [a for a in stack.aliases(path) if a != path]
+        if others and all(stack.after_stack(a.rpartition(".")[0]) for a in others) and \
+                isinstance(module, nn.Embedding):
+            out[path] = module
+    return out
+
+
+class RowsBeforeStack(UnreadRows):
+    """The rows of tied embeddings (``tied_candidates``) the data never reads as input: a
+    fault confined to them changes nothing before the stack's end (the LM head sharing
+    the weight reads every row after it), so the trial may start after the stack.
+
+    Trusted once per key by a proof on the model holding the stored values: every batch
+    run with the rows read recorded and the stack's last block outputs kept, then again
+    with every unread row NaN; the last block's outputs must be bit-identical and the
+    same rows read (the logits differ, as they should: the LM head reads the NaN)."""
+
+    def __init__(self, candidates: Mapping[str, Any], last_block: Any) -> None:
+        super().__init__(candidates)
+        self.last_block = last_block
+
+    def prove(self, key: Hashable, run: Callable[[], Any],  # type: ignore[override]
+              clean: Any = None) -> bool:
+        """Once per ``key``: the proof above (``run``: every batch through the model); the
+        weights are put back as they were. Returns whether the rows are trusted."""
+        import torch
+
+        if key in self._read:
+            return self._read[key] is not None
+        first = self._watch(lambda: self._last_outputs(run))
+        if first is None:
+            return self._refuse(key, "an embedding was called with indices it cannot hold")
+        read, outs = first
+        saved = {}
+        try:
+            with torch.no_grad():
+                for path, module in self.candidates.items():
+                    rows = torch.from_numpy(np.flatnonzero(~read[path])).to(module.weight.device)
+                    saved[path] = (rows, module.weight[rows].clone())
+                    module.weight[rows] = float("nan")
+            second = self._watch(lambda: self._last_outputs(run))
+        finally:
+            with torch.no_grad():
+                for path, (rows, values) in saved.items():
+                    self.candidates[path].weight[rows] = values
+        if second is None or any(not np.array_equal(second[0][p], read[p]) for p in read):
+            return self._refuse(key, "the rows read changed when unread rows were NaN")
+        if len(second[1]) != len(outs) or not all(
+                same_bits(a, b) for a, b in zip(second[1], outs, strict=True)):
+            return self._refuse(key, "NaN in rows the embeddings do not read reached the "
+                                     "stack's output: something else reads the weights")
+        self._read[key] = read
+        return True
+
+    def unread(self, key: Hashable, rows: Mapping[str, np.ndarray]) -> bool:
+        """Whether ``rows`` (path -> row indices of a candidate) are all proven unread."""
+        read = self._read.get(key)
+        return read is not None and bool(rows) and all(
+            p in read and not read[p][np.asarray(r, np.int64)].any() for p, r in rows.items())
+
+    def _last_outputs(self, run: Callable[[], Any]) -> list[np.ndarray]:
+        """``run()`` with the last block's outputs (their first tensor) kept as arrays."""
+        outs: list[np.ndarray] = []
+
+        def keep(module: Any, args: Any, out: Any) -> None:
+            first = out[0] if isinstance(out, (tuple, list)) else out
+            outs.append(first.detach().float().cpu().numpy().copy())
+
+        handle = self.last_block.register_forward_hook(keep)
+        try:
+            run()
+        finally:
+            handle.remove()
+        return outs
