@@ -359,3 +359,32 @@ def test_rows_before_stack_refuses_when_something_else_reads_the_weight():
             assert "something else reads" in other.reason["k"]
         finally:
             hook.remove()
+
+
+@pytest.mark.parametrize("row", [50, None])  # None: a row the data reads
+def test_tied_embedding_rows_the_data_never_reads_start_after_the_stack(row):
+    """GPT-2's token embedding is its LM head: a fault in a row no input id names runs no
+    block, and the outputs equal the whole faulty model's bit for bit."""
+    model = gpt2()
+    ids = torch.from_numpy(np.random.default_rng(4).integers(0, 32, (N, T)))  # rows < 32
+    rec = Recorder(model_output)
+    ev = OutputEvaluator(model, ids, "language_model", labels=next_token_labels(ids),
+                         output_fn=rec)
+    shapes = ev.tensor_shapes()
+    name = next(n for n in shapes if n in ("transformer.wte.weight", "lm_head.weight"))
+    empty = {n: bf.FaultMap.empty(s, n) for n, s in shapes.items()}
+    ev.predict([empty], MEMORY)
+    r = int(ids[1, 2]) if row is None else row
+    width = shapes[name][1]
+    maps = {**empty, name: bf.FaultMap(shapes[name], np.array([r * width + 7]),
+                                       np.array([1 << 6], np.uint32), name)}
+    ev.predict([maps], MEMORY)  # the first such trial runs the proof
+    counts, handles = block_calls(ev.stack_cache.blocks)
+    try:
+        ev.predict([maps], MEMORY)
+    finally:
+        for h in handles:
+            h.remove()
+    expect = whole_run(model, maps, ids, model_output)
+    assert torch.equal(bits(rec.last), bits(expect))
+    assert [c == 0 for c in counts] == [row is not None] * 2, counts

@@ -30,8 +30,14 @@ from bitfault.errors import ArgumentTypeError
 from bitfault.formats import plane_formats
 from bitfault.memory import Memory
 from bitfault.torch.evaluate import TorchEvaluator, faulty_in
+from bitfault.torch.replica import confined
 from bitfault.torch.stack_reuse import StackReuse, find_stack
-from bitfault.torch.unread_rows import UnreadRows, embedding_candidates
+from bitfault.torch.unread_rows import (
+    RowsBeforeStack,
+    UnreadRows,
+    embedding_candidates,
+    tied_candidates,
+)
 
 
 def model_output(out: Any, batch: Any = None) -> Any:
@@ -109,6 +115,7 @@ class OutputEvaluator(TorchEvaluator):
         self.unread_rows = unread_rows
         self.unread = UnreadRows(embedding_candidates(self.model, list(self._clean),
                                                       self._aliases))
+        self.before_stack: RowsBeforeStack | None = None  # built after the first capture
         with torch.no_grad():  # the metric must fit the outputs: checked on the first batch
             first = self._outputs(self.model, self._batches()[0])
         self.metric.check(first.shape, None if self._labels is None
@@ -188,9 +195,9 @@ class OutputEvaluator(TorchEvaluator):
                 clean = self._clean_output(i, b, memory)
                 faulty = clean
                 if active:
+                    k = self._start(active, memory) if self.stack_reuse else 0  # may prove
                     if self._applied is not active:
                         self._apply(active, memory)
-                    k = self.stack_cache.start(active) if self.stack_reuse else 0
                     with torch.no_grad(), self.stack_cache.reusing(self._key(memory), i, k):
                         faulty = self._outputs(self.model, b)
                 labels = None if self._labels is None else self._labels[b]
@@ -214,6 +221,33 @@ class OutputEvaluator(TorchEvaluator):
                 self.unread.prove(key, lambda: [self._outputs(self.model, b)
                                                 for b in self._batches()], clean)
         return self.unread.covers(key, active, memory)
+
+    def _start(self, active: Maps, memory: Memory) -> int:
+        """The block a trial starts from (``StackReuse.start``); a tied embedding whose
+        faulty rows the data never reads (``unread_rows.RowsBeforeStack``) counts only
+        under its names after the stack (an LM head). May run that proof, once per key."""
+        if self.before_stack is None and self.stack_cache.learnt:
+            self.before_stack = RowsBeforeStack(tied_candidates(self.model, self.stack_cache),
+                                                self.stack_cache.blocks[-1])
+        rb, unread = self.before_stack, []
+        for name, fmap in active.items():
+            path = next((a for a in self.stack_cache.aliases(name)
+                         if rb is not None and a in rb.candidates), None)
+            if path is None or not confined(fmap, memory):
+                continue
+            key = self._key(memory)
+            if not rb.proven(key):
+                import torch
+
+                self._load(self.stored(memory))
+                self._applied = None
+                with torch.no_grad():
+                    rb.prove(key, lambda: [self._outputs(self.model, b)
+                                           for b in self._batches()])
+            width = rb.candidates[path].weight.shape[1]
+            if rb.unread(key, {path: np.asarray(fmap.indices, np.int64) // width}):
+                unread.append(path)
+        return self.stack_cache.start(active, unread)
 
     def _apply(self, active: Maps, memory: Memory) -> None:
         """Write the trial's faulty tensors into the model, every other one stored."""
