@@ -22,7 +22,7 @@ def logits(shape, seed):
 
 @pytest.mark.parametrize("kind", ["language_model", "accuracy", "agreement"])
 def test_records_with_the_clean_side_kept_are_the_same_bits(kind, monkeypatch):
-    import bitfault.campaign.metrics as metrics
+    import bitfault.campaign.logits as kernels
 
     shape = (3, 9, 50) if kind == "language_model" else (27, 50)
     clean, faulty = logits(shape, 4)
@@ -34,7 +34,7 @@ def test_records_with_the_clean_side_kept_are_the_same_bits(kind, monkeypatch):
     whole = make_records(metric, faulty, clean, labels)
     for rows in (None, 1, 4):  # rows per chunk (None: the default)
         if rows is not None:
-            monkeypatch.setattr(metrics, "ROW_CHUNK_BYTES", rows * 8 * 50)
+            monkeypatch.setattr(kernels, "ROW_CHUNK_BYTES", rows * 8 * 50)
         kept = metric.clean_rows(clean)
         assert kept.nbytes == metric.clean_rows_nbytes(clean) == CleanRows.nbytes_for(clean)
         got = make_records(metric, faulty, clean, labels, kept)
@@ -65,10 +65,10 @@ def test_top1_matches_a_plain_loop():
 
 @pytest.mark.parametrize("chunk", [None, 8, 12])
 def test_identical_and_finite_per_example_match_a_plain_loop(chunk, monkeypatch):
-    import bitfault.campaign.metrics as metrics
+    import bitfault.campaign.logits as kernels
 
     if chunk is not None:
-        monkeypatch.setattr(metrics, "ROW_CHUNK_BYTES", chunk)
+        monkeypatch.setattr(kernels, "ROW_CHUNK_BYTES", chunk)
     rng = np.random.default_rng(2)
     clean = rng.normal(size=(6, 5, 7)).astype(np.float32)
     faulty = clean.copy()
