@@ -6,7 +6,8 @@ all-MiniLM-L6-v2, as ratios measured in this one process.
 inference of the same data (the model's forward alone). SmolLM2: ``--tokens`` tokens of
 gensim's Lee corpus in windows of ``--context``, every plane (codes, scales, minimums) at
 ``--ber``, metric language_model, ``max_bytes`` large enough to keep the clean logits;
-MiniLM: the 50 Lee documents (mean pooling, Spearman with the human ratings: metric
+MiniLM: the 50 Lee documents in batches of ``--minilm-batch`` (bitfault, the hand loop
+and the clean inference alike; mean pooling, Spearman with the human ratings: metric
 similarity), every weight matrix stored as IntQuant(8) per channel and as bfloat16. Clean
 inference and trial alternate (ABAB...), ``--reps`` of each; medians. Where a trial's time
 goes: drawing the maps, writing them in, the forward, the metric (``make_records``), the
@@ -258,12 +259,21 @@ def minilm(args: argparse.Namespace) -> list[dict]:
           flush=True)
     clock = Clock()
     outputs.make_records = clock.wrap("metric", make_records)
+    n, size = len(lee.texts), args.minilm_batch
+    batches = [{k: v[i:i + size] for k, v in x.items()} for i in range(0, n, size)]
+
+    def embed(m: Any) -> Any:
+        """The embeddings in the evaluator's batches (the hand loop and the clean
+        inference batch as bitfault does)."""
+        with torch.no_grad():
+            return np.concatenate([mean_pooled(m(**b), b).float().numpy() for b in batches])
+
     rows = []
     for label, fmt, ber in (("int8_channel", bf.IntQuant(8, per_channel=True), args.int8_ber),
                             ("bfloat16", bf.Float("bfloat16"), args.bf16_ber)):
         memory = bf.Memory(fmt, bf.BitFlip())
         ev = OutputEvaluator(model, x, SimilarityMetric.of(lee), output_fn=mean_pooled,
-                             max_bytes=args.max_mib << 20)
+                             max_bytes=args.max_mib << 20, batch_size=args.minilm_batch)
         clock.hook_forward(ev.model)
         ev._apply = clock.wrap("inject", ev._apply)
         shapes = ev.tensor_shapes()
@@ -271,8 +281,7 @@ def minilm(args: argparse.Namespace) -> list[dict]:
         sweep = rate_sweep([ber], args.reps + 1, base_seed=100)
 
         def clean_run() -> None:
-            with torch.no_grad():
-                mean_pooled(model(**x), x)
+            embed(model)
 
         def trial_run(rep: int, sweep=sweep, memory=memory, shapes=shapes, ev=ev) -> None:
             maps = clock.wrap("draw", trial_maps)(sweep[rep], memory, shapes)
@@ -289,7 +298,7 @@ def minilm(args: argparse.Namespace) -> list[dict]:
             for n in shapes:
                 params[n].copy_(inject_tensor(clean[n], fmt, memory.fault,
                                               FaultMap.empty(shapes[n])))
-            clean_emb = mean_pooled(mine(**x), x).float().numpy()
+            clean_emb = embed(mine)
         clean_records = make_records(ev.metric, clean_emb, clean_emb, None)
 
         def hand(t: Any, memory=memory, params=params, clean=clean, mine=mine,
@@ -302,7 +311,7 @@ def minilm(args: argparse.Namespace) -> list[dict]:
                 kept = flat[t.element].clone()
                 flat[t.element] = inject_tensor(clean[t.target], fmt, memory.fault,
                                                 fmap).view(-1)[t.element]
-                emb = mean_pooled(mine(**x), x).float().numpy()
+                emb = embed(mine)
                 flat[t.element] = kept
             records = make_records(ev.metric, emb, clean_emb, None)
             return ev.metric(ev.labels, clean_records, records)
@@ -322,6 +331,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokens", type=int, default=512)
     parser.add_argument("--context", type=int, default=128)
     parser.add_argument("--minilm-context", type=int, default=128)
+    parser.add_argument("--minilm-batch", type=int, default=10,
+                        help="documents per batch, for bitfault, the hand loop and the "
+                             "clean inference alike")
     parser.add_argument("--ber", type=float, default=1e-5, help="SmolLM2, every plane")
     parser.add_argument("--int8-ber", type=float, default=1e-3)
     parser.add_argument("--bf16-ber", type=float, default=1e-6)
@@ -331,7 +343,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.json is not None and Path(args.json).exists():
         parser.error(f"--json {args.json}: exists; name a new file")
-    for key in ("reps", "faults", "tokens", "context", "minilm_context", "threads"):
+    for key in ("reps", "faults", "tokens", "context", "minilm_context", "minilm_batch",
+                "threads"):
         if getattr(args, key) < 1:
             parser.error(f"--{key.replace('_', '-')} must be a positive integer")
     if args.faults < 2:

@@ -345,7 +345,7 @@ def test_rows_before_stack_refuses_when_something_else_reads_the_weight():
     assert list(candidates) == ["transformer.wte.weight"]
     emb = model.transformer.wte.weight
     layer = model.transformer.h[0]
-    run = lambda: model(x)  # noqa: E731
+    run = [lambda: model(x)]  # one batch
     with torch.no_grad():
         fair = RowsBeforeStack(candidates, model.transformer.h[-1])
         assert fair.prove("k", run)

@@ -129,3 +129,36 @@ def test_a_model_reading_the_whole_matrix_fails_the_proof():
     off.predict([trial_maps(single_faults([(WORDS, 40 * 32, 7)])[0], memory,
                             off.tensor_shapes())], memory)
     assert off.unread.skipped == 0
+
+
+@pytest.mark.parametrize("memory", MEMORIES, ids=["int8", "bfloat16"])
+def test_a_row_only_some_batches_read_runs_only_those_batches(memory):
+    """Rows a batch never reads cannot change that batch's outputs (proven per batch): a
+    fault in a row only the second batch reads runs that batch alone, and every record
+    equals a whole run of the faulty model."""
+    model = bert()
+    ids = torch.as_tensor(np.random.default_rng(5).integers(1, 20, (6, 9)))
+    ids[2:4, 3] = 25  # row 25: read by the second batch (examples 2 and 3) only
+    x = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    ev = OutputEvaluator(model, x, "cosine", output_fn=mean_pooled, batch_size=2)
+    shapes = ev.tensor_shapes()
+    calls = []
+    ev.model.register_forward_pre_hook(lambda m, a, k=None: calls.append(1))
+    clean = whole(model, memory, {n: bf.FaultMap.empty(s, n) for n, s in shapes.items()},
+                  x, mean_pooled)
+    seen = []
+    for element in (25 * 32 + 4, 3 * 32 + 4):  # row 25, then row 3 (read by other batches)
+        maps = trial_maps(single_faults([(WORDS, element, 7)])[0], memory, shapes)
+        ev.predict([maps], memory)  # the first trial runs the proof
+        before, skipped = len(calls), ev.unread.skipped_batches
+        got = ev.predict([maps], memory)[0]
+        faulty = whole(model, memory, maps, x, mean_pooled)
+        assert got["cosine"].tolist() == ev.metric.record(faulty, clean, None)["cosine"].tolist()
+        reads = [bool((ids[i:i + 2] == element // 32).any()) for i in (0, 2, 4)]
+        seen.append(reads)
+        assert len(calls) - before == sum(reads)
+        assert ev.unread.skipped_batches - skipped == 3 - sum(reads)
+        same = got["identical"].reshape(3, 2).all(axis=1)
+        assert all(same[i] for i, r in enumerate(reads) if not r)
+    assert seen == [[False, True, False], [True, True, True]]  # row 3: every batch reads it
+    assert ev.unread.skipped == 0

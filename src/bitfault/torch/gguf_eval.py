@@ -222,7 +222,7 @@ class GGUFEvaluator:
         if not rb.proven(CLEAN):
             self.gm.restore_()
             self._applied = None
-            rb.prove(CLEAN, lambda: [self._outputs(b) for b in self._batches])
+            rb.prove(CLEAN, [lambda b=b: self._outputs(b) for b in self._batches])
         return rb.unread(CLEAN, {path: rows})
 
 

@@ -187,14 +187,18 @@ class OutputEvaluator(TorchEvaluator):
             maps = self._by_path(maps)
             active = {n: m for n, m in maps.items() if any(faulty_in(m, p, eligible[p])
                                                           for p in planes)}
-            if active and self._unread(active, memory):
+            unread = bool(active) and self._unread(active, memory)
+            if unread and self.unread.covers(self._key(memory), active, memory):
                 active = {}  # faults only in embedding rows the data never reads: masked
                 self.unread.skipped += 1
             parts = []
             for i, b in enumerate(self._batches()):
                 clean = self._clean_output(i, b, memory)
                 faulty = clean
-                if active:
+                if unread and active and self.unread.covers(self._key(memory), active,
+                                                            memory, batch=i):
+                    self.unread.skipped_batches += 1  # rows this batch never reads
+                elif active:
                     k = self._start(active, memory) if self.stack_reuse else 0  # may prove
                     if self._applied is not active:
                         self._apply(active, memory)
@@ -207,7 +211,8 @@ class OutputEvaluator(TorchEvaluator):
         return out
 
     def _unread(self, active: Maps, memory: Memory) -> bool:
-        """Whether every fault lies in embedding rows proven unread (``unread_rows``)."""
+        """Whether the trial may use proven-unread embedding rows (``unread_rows``): its
+        faults all lie in candidates and the proof holds (run here, once per memory)."""
         if not self.unread_rows or not self.unread.eligible(active, memory):
             return False
         key = self._key(memory)
@@ -218,9 +223,9 @@ class OutputEvaluator(TorchEvaluator):
             self._load(self.stored(memory))
             self._applied = None
             with torch.no_grad():
-                self.unread.prove(key, lambda: [self._outputs(self.model, b)
-                                                for b in self._batches()], clean)
-        return self.unread.covers(key, active, memory)
+                self.unread.prove(key, [lambda b=b: self._outputs(self.model, b)
+                                        for b in self._batches()], clean)
+        return self.unread.trusted(key)
 
     def _start(self, active: Maps, memory: Memory) -> int:
         """The block a trial starts from (``StackReuse.start``); a tied embedding whose
@@ -242,8 +247,8 @@ class OutputEvaluator(TorchEvaluator):
                 self._load(self.stored(memory))
                 self._applied = None
                 with torch.no_grad():
-                    rb.prove(key, lambda: [self._outputs(self.model, b)
-                                           for b in self._batches()])
+                    rb.prove(key, [lambda b=b: self._outputs(self.model, b)
+                                   for b in self._batches()])
             width = rb.candidates[path].weight.shape[1]
             if rb.unread(key, {path: np.asarray(fmap.indices, np.int64) // width}):
                 unread.append(path)

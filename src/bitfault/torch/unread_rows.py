@@ -5,16 +5,19 @@ fault confined to other rows of its weight cannot change what the model computes
 data, provided nothing else reads the weight: a tied tensor (an LM head sharing the
 embedding) is never a candidate, and anything else reading it is caught by a proof, done
 once per (model, data, memory) on the evaluator's copy of the model holding the stored
-values: forward hooks record the rows each candidate reads on every batch, then every
-unread row is set to NaN and the data run again; only if every output is bit-identical
-to the clean run's (and the same rows are read) are the unread rows trusted. A trial
-whose faults all lie in trusted unread rows (faults in the codes plane only: a scale
-fault may change other rows) is then a masked trial, without any forward.
+values: forward hooks record the rows each candidate reads on each batch, then each
+batch is run again with every row it does not read set to NaN; only if every output is
+bit-identical to the clean run's (and the same rows are read) are the unread rows
+trusted. A trial whose faults all lie in trusted rows no batch reads (faults in the
+codes plane only: a scale fault may change other rows) is then a masked trial, without
+any forward; a batch that does not read the faulty rows keeps its clean outputs while the
+batches that do are run.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping
+import contextlib
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -53,8 +56,10 @@ class UnreadRows:
 
     def __init__(self, candidates: Mapping[str, Any]) -> None:
         self.candidates = dict(candidates)
-        self._read: dict[Hashable, dict[str, np.ndarray] | None] = {}
+        self._read: dict[Hashable, dict[str, np.ndarray] | None] = {}  # by any batch
+        self._by_batch: dict[Hashable, dict[str, np.ndarray]] = {}  # (batches, rows)
         self.skipped = 0
+        self.skipped_batches = 0  # batches of other trials answered without a forward
         self.reason: dict[Hashable, str] = {}
 
     def eligible(self, active: Mapping[str, FaultMap], memory: Memory) -> bool:
@@ -64,80 +69,103 @@ class UnreadRows:
                                     for p, m in active.items())
 
     def proven(self, key: Hashable) -> bool:
+        """Whether the proof has run for ``key`` (``trusted``: and held)."""
         return key in self._read
 
-    def covers(self, key: Hashable, active: Mapping[str, FaultMap], memory: Memory) -> bool:
-        """Whether the trial's faults all lie in rows proven unread for ``key``."""
-        read = self._read.get(key)
+    def trusted(self, key: Hashable) -> bool:
+        return self._read.get(key) is not None
+
+    def covers(self, key: Hashable, active: Mapping[str, FaultMap], memory: Memory,
+               batch: int | None = None) -> bool:
+        """Whether the trial's faults all lie in rows proven unread for ``key``: by every
+        batch, or by batch ``batch`` (whose outputs then equal the clean ones)."""
+        read = self._read.get(key) if batch is None else self._by_batch.get(key)
         if read is None or not self.eligible(active, memory):
             return False
         for path, fmap in active.items():
             width = self.candidates[path].weight.shape[1]
             rows = np.asarray(fmap.indices, np.int64) // width
-            if read[path][rows].any():
+            if (read[path] if batch is None else read[path][batch])[rows].any():
                 return False
         return True
 
-    def prove(self, key: Hashable, run: Callable[[], list[np.ndarray]],
+    def prove(self, key: Hashable, runs: Sequence[Callable[[], np.ndarray]],
               clean: list[np.ndarray]) -> bool:
-        """Once per ``key``: ``run()`` (every batch through the model, which holds the
-        stored clean values) with hooks recording the rows read, then again with every
-        unread row NaN; trusted only if both give ``clean`` bit for bit with the same rows
-        read. The weights are put back as they were. Returns whether it is trusted."""
-        import torch
-
+        """Once per ``key``: ``runs`` (one per batch, through the model holding the stored
+        clean values) with hooks recording the rows each batch reads, then each batch again
+        with every row it does not read NaN; trusted only if both give ``clean`` bit for
+        bit with the same rows read (rows unread by batch ``i`` then cannot change batch
+        ``i``'s outputs; rows unread by every batch, no output). The weights are put back
+        as they were. Returns whether it is trusted."""
         if key in self._read:
             return self._read[key] is not None
-        first = self._watch(run)
+        first = self._watch(runs)
         if first is None:
             return self._refuse(key, "an embedding was called with indices it cannot hold")
-        read, outs = first
+        by_batch, outs = first
         if not all(same_bits(a, b) for a, b in zip(outs, clean, strict=True)):
             return self._refuse(key, "a clean run did not reproduce the clean outputs")
+        for i, run in enumerate(runs):
+            with self._nan_rows({p: ~r[i] for p, r in by_batch.items()}):
+                second = self._watch([run])
+            if second is None or any(not np.array_equal(second[0][p][0], by_batch[p][i])
+                                     for p in by_batch):
+                return self._refuse(key, "the rows read changed when unread rows were NaN")
+            if not same_bits(second[1][0], clean[i]):
+                return self._refuse(key, "NaN in rows the embeddings do not read reached "
+                                         "the outputs: something else reads the weights")
+        self._by_batch[key] = by_batch
+        self._read[key] = {p: r.any(axis=0) for p, r in by_batch.items()}
+        return True
+
+    @contextlib.contextmanager
+    def _nan_rows(self, rows: Mapping[str, np.ndarray]) -> Iterator[None]:
+        """Each candidate's ``rows`` (a mask) NaN inside, their values put back after."""
+        import torch
+
         saved = {}
         try:
             with torch.no_grad():
                 for path, module in self.candidates.items():
-                    rows = torch.from_numpy(np.flatnonzero(~read[path])).to(module.weight.device)
-                    saved[path] = (rows, module.weight[rows].clone())
-                    module.weight[rows] = float("nan")
-            second = self._watch(run)
+                    at = torch.from_numpy(np.flatnonzero(rows[path])).to(module.weight.device)
+                    saved[path] = (at, module.weight[at].clone())
+                    module.weight[at] = float("nan")
+            yield
         finally:
             with torch.no_grad():
-                for path, (rows, values) in saved.items():
-                    self.candidates[path].weight[rows] = values
-        if second is None or any(not np.array_equal(second[0][p], read[p]) for p in read):
-            return self._refuse(key, "the rows read changed when unread rows were NaN")
-        if not all(same_bits(a, b) for a, b in zip(second[1], clean, strict=True)):
-            return self._refuse(key, "NaN in rows the embeddings do not read reached the "
-                                     "outputs: something else reads the weights")
-        self._read[key] = read
-        return True
+                for path, (at, values) in saved.items():
+                    self.candidates[path].weight[at] = values
 
     def _refuse(self, key: Hashable, reason: str) -> bool:
         self._read[key], self.reason[key] = None, reason
         return False
 
-    def _watch(self, run: Callable[[], list[np.ndarray]]
-               ) -> tuple[dict[str, np.ndarray], list[np.ndarray]] | None:
-        """``run()`` with each candidate's rows read recorded (None: bad indices)."""
-        read = {p: np.zeros(m.weight.shape[0], bool) for p, m in self.candidates.items()}
+    def _watch(self, runs: Sequence[Callable[[], Any]]
+               ) -> tuple[dict[str, np.ndarray], list[Any]] | None:
+        """Each of ``runs`` with the rows each candidate reads recorded: path -> a
+        (runs, rows) mask, and the runs' results (None: bad indices)."""
+        read = {p: np.zeros((len(runs), m.weight.shape[0]), bool)
+                for p, m in self.candidates.items()}
         bad: list[str] = []
+        now = [0]
 
         def hook(path: str) -> Any:
             def record(module: Any, args: Any) -> None:
                 idx = args[0].detach().reshape(-1).cpu().numpy() if args else None
                 outside = idx is not None and idx.size > 0 and (
-                    idx.min() < 0 or idx.max() >= len(read[path]))
+                    idx.min() < 0 or idx.max() >= read[path].shape[1])
                 if idx is None or outside:
                     bad.append(path)
                     return
-                read[path][np.unique(idx)] = True
+                read[path][now[0], np.unique(idx)] = True
             return record
 
         handles = [m.register_forward_pre_hook(hook(p)) for p, m in self.candidates.items()]
+        outs = []
         try:
-            outs = run()
+            for i, run in enumerate(runs):
+                now[0] = i
+                outs.append(run())
         finally:
             for h in handles:
                 h.remove()
@@ -145,11 +173,8 @@ class UnreadRows:
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(_read={}, reason={})  # keyed by the evaluator's memory keys
+        state.update(_read={}, _by_batch={}, reason={})  # keyed by the evaluator's memory keys
         return state
-
-
-__all__ = ["UnreadRows", "embedding_candidates"]
 
 
 def tied_candidates(model: Any, stack: Any) -> dict[str, Any]:
@@ -182,34 +207,26 @@ class RowsBeforeStack(UnreadRows):
         super().__init__(candidates)
         self.last_block = last_block
 
-    def prove(self, key: Hashable, run: Callable[[], Any],  # type: ignore[override]
+    def prove(self, key: Hashable, runs: Sequence[Callable[[], Any]],
               clean: Any = None) -> bool:
-        """Once per ``key``: the proof above (``run``: every batch through the model); the
-        weights are put back as they were. Returns whether the rows are trusted."""
-        import torch
-
+        """Once per ``key``: the proof above (``runs``: one per batch, through the model);
+        the weights are put back as they were. Returns whether the rows are trusted."""
         if key in self._read:
             return self._read[key] is not None
-        first = self._watch(lambda: self._last_outputs(run))
+        watched = [lambda run=run: self._last_outputs(run) for run in runs]
+        first = self._watch(watched)
         if first is None:
             return self._refuse(key, "an embedding was called with indices it cannot hold")
-        read, outs = first
-        saved = {}
-        try:
-            with torch.no_grad():
-                for path, module in self.candidates.items():
-                    rows = torch.from_numpy(np.flatnonzero(~read[path])).to(module.weight.device)
-                    saved[path] = (rows, module.weight[rows].clone())
-                    module.weight[rows] = float("nan")
-            second = self._watch(lambda: self._last_outputs(run))
-        finally:
-            with torch.no_grad():
-                for path, (rows, values) in saved.items():
-                    self.candidates[path].weight[rows] = values
-        if second is None or any(not np.array_equal(second[0][p], read[p]) for p in read):
+        by_batch, outs = first
+        read = {p: r.any(axis=0) for p, r in by_batch.items()}
+        with self._nan_rows({p: ~r for p, r in read.items()}):
+            second = self._watch(watched)
+        if second is None or any(not np.array_equal(second[0][p], by_batch[p]) for p in read):
             return self._refuse(key, "the rows read changed when unread rows were NaN")
-        if len(second[1]) != len(outs) or not all(
-                same_bits(a, b) for a, b in zip(second[1], outs, strict=True)):
+        mine = [a for batch in outs for a in batch]
+        again = [a for batch in second[1] for a in batch]
+        if len(again) != len(mine) or not all(
+                same_bits(a, b) for a, b in zip(again, mine, strict=True)):
             return self._refuse(key, "NaN in rows the embeddings do not read reached the "
                                      "stack's output: something else reads the weights")
         self._read[key] = read
@@ -235,3 +252,6 @@ class RowsBeforeStack(UnreadRows):
         finally:
             handle.remove()
         return outs
+
+
+__all__ = ["RowsBeforeStack", "UnreadRows", "embedding_candidates", "tied_candidates"]
