@@ -91,6 +91,17 @@ def block_calls(blocks):
     return counts, handles
 
 
+def predict_counting(ev, maps, memory, blocks=None):
+    """``ev.predict([maps], memory)``'s records and, per block, the calls of its weighted
+    modules during it (``block_calls``)."""
+    counts, handles = block_calls(ev.stack_cache.blocks if blocks is None else blocks)
+    try:
+        return ev.predict([maps], memory)[0], counts
+    finally:
+        for h in handles:
+            h.remove()
+
+
 def bits(t):
     return t.contiguous().view(torch.int32)
 
@@ -129,12 +140,7 @@ def test_reuse_equals_whole_model_runs_bit_for_bit(kind, case):
     assert ev.stack_cache.enabled, ev.stack_cache.reason
     maps = chip(shapes, chosen)
     assert any(m.n_faults for m in maps.values())
-    counts, handles = block_calls(ev.stack_cache.blocks)
-    try:
-        records = ev.predict([maps], MEMORY)[0]
-    finally:
-        for h in handles:
-            h.remove()
+    records, counts = predict_counting(ev, maps, MEMORY)
     expect = whole_run(model, maps, x, fn)
     assert not torch.equal(bits(expect), bits(clean))  # the faults reach the outputs
     assert torch.equal(bits(rec.last), bits(expect))
@@ -160,12 +166,7 @@ def test_cache_respects_max_bytes_and_results_stay_the_same(max_bytes):
     assert ev.stack_cache.kept(memory_key(MEMORY), 0) == ([] if max_bytes == 0 else [1])
     for k, start in [(3, 2), (2, 2), (1, 0)]:
         maps = chip(shapes, lambda n, k=k: n.startswith(f"model.layers.{k}."), seed=k)
-        counts, handles = block_calls(ev.stack_cache.blocks)
-        try:
-            ev.predict([maps], MEMORY)
-        finally:
-            for h in handles:
-                h.remove()
+        _, counts = predict_counting(ev, maps, MEMORY)
         assert torch.equal(bits(rec.last), bits(whole_run(model, maps, x, fn)))
         ran_from = start if max_bytes else 0
         # the clean logits do not fit either: each trial reruns the clean model, then its own
@@ -262,12 +263,7 @@ def test_gguf_trials_reuse_blocks_and_equal_whole_runs(tmp_path):
             maps = {n: gm.memory.random_maps(ber=3e-3, seed=seed, targets=[n])[n]
                     for n in shapes if chosen(n)}
             assert all(m.n_faults for m in maps.values())
-            counts, handles = block_calls(blocks)
-            try:
-                ev.predict([maps], ev.memory)
-            finally:
-                for h in handles:
-                    h.remove()
+            _, counts = predict_counting(ev, maps, ev.memory, blocks)
             got = last["logits"]
             assert [c == 0 for c in counts] == [i < start for i in range(2)], counts
             gm.inject_(maps)  # the reference: the whole model with the maps written in
@@ -313,12 +309,7 @@ def test_gguf_tied_embedding_faults_in_unread_rows_start_after_the_stack(tmp_pat
     ev.predict([{name: cases[0][0]}], ev.memory)  # the first such trial runs the proof
     try:
         for fmap, start in cases:
-            counts, handles = block_calls(ev.stack_cache.blocks)
-            try:
-                ev.predict([{name: fmap}], ev.memory)
-            finally:
-                for h in handles:
-                    h.remove()
+            _, counts = predict_counting(ev, {name: fmap}, ev.memory)
             assert [c == 0 for c in counts] == [i < start for i in range(2)], counts
             got = last["logits"]
             gm.inject_({name: fmap})
@@ -379,12 +370,7 @@ def test_tied_embedding_rows_the_data_never_reads_start_after_the_stack(row):
     maps = {**empty, name: bf.FaultMap(shapes[name], np.array([r * width + 7]),
                                        np.array([1 << 6], np.uint32), name)}
     ev.predict([maps], MEMORY)  # the first such trial runs the proof
-    counts, handles = block_calls(ev.stack_cache.blocks)
-    try:
-        ev.predict([maps], MEMORY)
-    finally:
-        for h in handles:
-            h.remove()
+    _, counts = predict_counting(ev, maps, MEMORY)
     expect = whole_run(model, maps, ids, model_output)
     assert torch.equal(bits(rec.last), bits(expect))
     assert [c == 0 for c in counts] == [row is not None] * 2, counts
