@@ -4,7 +4,7 @@ The faulty side of a trial is computed here on every trial (its clean side once,
 ``CleanRows``), so each pass counts: a row's maximum is found once, float64 rows are
 written into one reused workspace and shifted in place, exponentials that are 0 are not
 taken, and the slow masking paths run only on rows holding a NaN. Every value equals the
-textbook formulas in float64 bit for bit (``tests/campaign/test_output_metrics.py``).
+textbook formulas in float64 bit for bit (``tests/campaign/test_logits.py``).
 """
 
 from __future__ import annotations
@@ -133,8 +133,8 @@ class CleanRows:
 
 
 def logit_rows(faulty: np.ndarray, clean: np.ndarray, labels: np.ndarray | None,
-                clean_rows: CleanRows | None = None
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+               clean_rows: CleanRows | None = None
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per row of logits (all axes but the last): top-1 agreement with the clean row, KL(clean
     || faulty), the faulty top-1 and the faulty row's negative log-likelihood of its label
     (0 where the label is negative or absent), computed in row chunks; ``clean_rows``:
@@ -157,8 +157,11 @@ def logit_rows(faulty: np.ndarray, clean: np.ndarray, labels: np.ndarray | None,
         lf = _log_softmax(fp, fmax, out=lf_out, work=e_out)
         top[part] = _argmax(fp, fmax)
         if clean_rows is None:
-            lc = _log_softmax(c2[part], out=lc_out, work=e_out)
-            agree[part] = top[part] == _argmax(c2[part])
+            cp = _floating(c2[part])
+            with np.errstate(all="ignore"):
+                cmax = _row_max(cp)
+            lc = _log_softmax(cp, cmax, out=lc_out, work=e_out)
+            agree[part] = top[part] == _argmax(cp, cmax)
             kl[part] = _kl(lc, lf, work=e_out)
         else:
             agree[part] = top[part] == clean_rows.top[part]
