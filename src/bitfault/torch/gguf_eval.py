@@ -31,7 +31,7 @@ from bitfault.formats import GGUF, BlockFormat, Format, plane_formats
 from bitfault.formats.blocks import CODES
 from bitfault.maps import FaultMap
 from bitfault.memory import Memory
-from bitfault.torch.unread_rows import RowsBeforeStack, tied_candidates
+from bitfault.torch.unread_rows import RowsBeforeStack
 
 REPRESENTATIVE = GGUF("q4_1")  # every plane a GGUF block can have: codes, scale, min
 CLEAN = "gguf"  # the key of the clean run's block outputs: the file itself, any fault model
@@ -199,10 +199,10 @@ class GGUFEvaluator:
         """GGUF name -> the parameter rows its faults change, for each faulty tensor that
         is a tied-embedding candidate stored in place (other tensors are left out)."""
         if self.rows_before_stack is None:
-            if not self.stack_cache.learnt:
+            self.rows_before_stack = RowsBeforeStack.after_capture(self.gm.model,
+                                                                   self.stack_cache)
+            if self.rows_before_stack is None:
                 return {}
-            self.rows_before_stack = RowsBeforeStack(
-                tied_candidates(self.gm.model, self.stack_cache), self.stack_cache.blocks[-1])
         out = {}
         for name, fmap in active.items():
             base = name.partition(":")[0]

@@ -32,12 +32,7 @@ from bitfault.memory import Memory
 from bitfault.torch.evaluate import TorchEvaluator, faulty_in
 from bitfault.torch.replica import confined
 from bitfault.torch.stack_reuse import StackReuse, find_stack
-from bitfault.torch.unread_rows import (
-    RowsBeforeStack,
-    UnreadRows,
-    embedding_candidates,
-    tied_candidates,
-)
+from bitfault.torch.unread_rows import RowsBeforeStack, UnreadRows, embedding_candidates
 
 
 def model_output(out: Any, batch: Any = None) -> Any:
@@ -231,9 +226,8 @@ class OutputEvaluator(TorchEvaluator):
         """The block a trial starts from (``StackReuse.start``); a tied embedding whose
         faulty rows the data never reads (``unread_rows.RowsBeforeStack``) counts only
         under its names after the stack (an LM head). May run that proof, once per key."""
-        if self.before_stack is None and self.stack_cache.learnt:
-            self.before_stack = RowsBeforeStack(tied_candidates(self.model, self.stack_cache),
-                                                self.stack_cache.blocks[-1])
+        if self.before_stack is None:
+            self.before_stack = RowsBeforeStack.after_capture(self.model, self.stack_cache)
         rb, unread = self.before_stack, []
         for name, fmap in active.items():
             path = next((a for a in self.stack_cache.aliases(name)

@@ -207,6 +207,14 @@ class RowsBeforeStack(UnreadRows):
         super().__init__(candidates)
         self.last_block = last_block
 
+    @classmethod
+    def after_capture(cls, model: Any, stack: Any) -> RowsBeforeStack | None:
+        """The candidates of ``model`` around ``stack`` (a ``StackReuse``), once the stack
+        has captured a clean run (its blocks known); None before."""
+        if not stack.learnt:
+            return None
+        return cls(tied_candidates(model, stack), stack.blocks[-1])
+
     def prove(self, key: Hashable, runs: Sequence[Callable[[], Any]],
               clean: Any = None) -> bool:
         """Once per ``key``: the proof above (``runs``: one per batch, through the model);
