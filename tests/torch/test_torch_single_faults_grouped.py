@@ -29,6 +29,7 @@ from bitfault.torch.conv_calls import conv_call  # noqa: E402
 
 FIXED = bf.Memory(bf.FixedPoint(32, 28, rounding="trunc"), bf.BitFlip())
 INT8 = bf.Memory(bf.IntQuant(8, per_channel=True), bf.BitFlip())
+F32 = bf.Memory(bf.Float("float32"), bf.BitFlip())
 
 
 class StaticSame(nn.Conv2d):
@@ -148,10 +149,16 @@ def brute_force(ev: TorchEvaluator, memory: bf.Memory, name: str, element: int,
 
 
 def check(model: nn.Module, data: tuple, memory: bf.Memory, names: list[str],
-          per_tensor: int = 40, shortcut: bool = True, targets: object = "weights") -> None:
-    """Shortcut predictions == brute force for sampled faults in ``names``; the shortcut
-    is (or, with ``shortcut=False``, is not) what computed them."""
-    ev = TorchEvaluator(trained(model, data), *data, targets=targets)
+          per_tensor: int = 40, shortcut: bool = True, targets: object = "weights",
+          not_run: str | None = None, also: tuple = (), train: bool = True) -> None:
+    """Shortcut predictions == brute force for sampled faults in ``names`` (and the faults
+    ``also``); the shortcut is (or, with ``shortcut=False``, is not) what computed them;
+    ``not_run``: a submodule the shortcut must not call (a layer it updates instead)."""
+    ev = TorchEvaluator(trained(model, data) if train else model, *data, targets=targets)
+    calls: list[int] = []
+    if not_run is not None:
+        ev.golden(memory), ev._clean_env(memory)  # the clean runs call every module
+        ev.model.get_submodule(not_run).register_forward_hook(lambda *a: calls.append(1))
     shapes = ev.tensor_shapes()
     rng = np.random.default_rng(3)
     bits = memory.format.bits
@@ -162,10 +169,12 @@ def check(model: nn.Module, data: tuple, memory: bf.Memory, names: list[str],
         faults += [(n, int(e), int(b)) for e, b in zip(
             rng.integers(0, size, per_tensor), np.concatenate(
                 [high, rng.integers(0, bits, per_tensor - len(high))]), strict=True)]
+    faults += list(also)
     layer_calls = []
     predict_layer = ev._predict_layer
     ev._predict_layer = lambda *a: layer_calls.append(a[0]) or predict_layer(*a)
     fast = ev.predict([trial_maps(t, memory, shapes) for t in single_faults(faults)], memory)
+    assert not calls, f"{not_run} ran {len(calls)} times"
     if shortcut:
         assert all(ev._single_ok(n) for n in names)
         assert not layer_calls, f"fell back to the layer path for {sorted(set(layer_calls))}"
@@ -300,3 +309,48 @@ def test_any_module_whose_forward_ends_in_a_convolution(data) -> None:
     model.grouped = PadConv(8, 16, 4)
     check(model, data, FIXED, ["grouped.weight", "block.dw.weight"],
           targets=["grouped.weight", "block.dw.weight"])
+
+
+def test_a_1x1_conv_after_one_changed_channel_is_a_rank_one_update(data) -> None:
+    """The 1x1 project conv after one changed channel (a fault in the expand or the
+    depthwise conv) is not run: a changed row's output is the clean one plus
+    ``delta * W[:, c]``, the convolution of the changed input to rounding; predictions
+    equal brute force."""
+    ev = TorchEvaluator(trained(MobileNetLike(), data), *data)
+    env = ev._clean_env(FIXED)[0].values
+    node = next(n for n in ev.graph().nodes if n.name == "block_project")
+    prev, = node.all_input_nodes
+    update = ev._rank_one(node, prev, env, {})
+    assert update is not None
+    rows, cols = torch.tensor([0, 3, 3, 7]), torch.tensor([2, 2, 31, 0])
+    delta = torch.randn(len(rows), *env[prev].shape[2:],
+                        generator=torch.Generator().manual_seed(1))
+    got = update(env[node][rows], delta, cols)
+    changed = env[prev][rows].clone()
+    changed[torch.arange(len(rows)), cols] += delta
+    want = F.conv2d(changed, ev.model.block.project.weight)
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(got, env[node][rows], rtol=1e-3, atol=1e-3)
+    # stride, padding or groups other than a plain 1x1 conv's: not a rank-one update
+    ev2 = TorchEvaluator(trained(MobileNetLike(), data), *data)
+    g2 = ev2.graph()
+    dw = next(n for n in g2.nodes if n.name == "block_dw")
+    assert ev2._rank_one(dw, dw.all_input_nodes[0], ev2._clean_env(FIXED)[0].values,
+                         {}) is None
+    check(MobileNetLike(), data, FIXED, ["block.expand.weight", "block.dw.weight"],
+          not_run="block.project")
+
+
+def test_float32_exponent_faults_huge_and_nan_changes(data) -> None:
+    """float32 exponent and sign faults: huge changes, clamped by ReLU6, and NaN ones (bit
+    30 of a weight in [1, 2) with a mantissa: NaN) reaching the 1x1 project conv, which
+    then runs on whole rows (a change that is not finite is never a rank-one update: from
+    a clean inf it would be inf - inf); predictions equal brute force."""
+    model = trained(MobileNetLike(), data)
+    with torch.no_grad():
+        model.block.expand.weight.view(-1)[[5, 40]] = torch.tensor([1.5, -1.25])
+        model.block.dw.weight.view(-1)[9] = 1.375
+    nan = [("block.expand.weight", 5, 30), ("block.expand.weight", 40, 30),
+           ("block.dw.weight", 9, 30)]
+    check(model, data, F32, ["stem.weight", "block.expand.weight", "block.dw.weight",
+                             "block.project.weight"], also=nan, train=False)

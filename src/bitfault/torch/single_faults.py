@@ -5,7 +5,8 @@ examples it changes, and the rest of the graph runs once for the changed example
 many faults stacked together (dropping examples whose values come back to clean).
 Conv channels are recomputed with the faulty weight; a Linear column is
 ``clean + x[:, j] * (w' - w)``, which can differ from a full matmul in the last bit of
-that column (see docs/campaigns.md).
+that column, and the first Linear or 1x1 convolution after the one changed channel is
+updated the same way, by ``delta * W[:, c]`` (see docs/campaigns.md).
 """
 
 from __future__ import annotations
@@ -230,16 +231,30 @@ class SingleFaultPaths:
             bias = clean[bias]
         return call, clean[call.input], bias
 
-    def _rank_one_linear(self, node: Any, prev: Any, clean: Mapping[Any, Any]) -> Any:
-        """The nn.Linear that ``node`` calls on ``prev`` alone, with (N, features) input; or
-        None. Then a change in one feature changes its output by a rank-one update."""
+    def _rank_one(self, node: Any, prev: Any, clean: Mapping[Any, Any],
+                  params: Mapping[str, Any]) -> Any:
+        """For ``node`` reading ``prev`` alone, a linear layer over channels: an
+        ``nn.Linear`` on (N, features) or a stock 1x1 ``nn.Conv2d`` (stride 1, no padding,
+        one group) on (N, C, H, W). Then one changed input channel ``c`` moves its output
+        by ``delta * W[:, c]``: returns ``update(clean_out, delta, cols)``, else None."""
+        import torch
         from torch import nn
 
         if node.op != "call_module" or node.args != (prev,) or node.kwargs:
             return None
         mod = submodule(self.model, node.target)
-        ok = isinstance(mod, nn.Linear) and clean[prev].ndim == 2
-        return mod if ok else None
+        ndim = clean[prev].ndim
+        if isinstance(mod, nn.Linear) and ndim == 2:
+            weight = params.get(f"{node.target}.weight", mod.weight)
+            return lambda out, delta, cols: torch.addcmul(out, delta[:, None],
+                                                          weight[:, cols].T)
+        if type(mod) is nn.Conv2d and ndim == 4 and mod.kernel_size == (1, 1) and \
+                mod.stride == (1, 1) and mod.padding in ((0, 0), "valid") and \
+                mod.groups == 1 and mod.padding_mode == "zeros":
+            weight = params.get(f"{node.target}.weight", mod.weight)
+            return lambda out, delta, cols: torch.addcmul(
+                out, weight[:, cols, 0, 0].T[:, :, None, None], delta[:, None])
+        return None
 
     def _suffix(self, g: TracedGraph, node: Any, dirty: set[Any], clean: dict[Any, Any],
                 vals: Any, col: Any, first: int, params: Mapping[str, Any], n_batch: int,
@@ -253,7 +268,9 @@ class SingleFaultPaths:
         adds) run on these channels alone (``(N, F, ...)``); an example whose channel is
         back to clean is clean from there on. The first other operation gets whole rows,
         only for changed (example, fault) pairs, stacked along the batch dimension in
-        memory-sized chunks: the same calls as the model's forward.
+        memory-sized chunks: the same calls as the model's forward; when it is a Linear or
+        a plain 1x1 convolution (``_rank_one``) and every change is finite, its output is
+        the clean one plus ``delta * W[:, c]`` instead (equal to rounding).
         """
         import torch
 
@@ -273,22 +290,20 @@ class SingleFaultPaths:
         row_bytes = max(1, clean[prev][0].numel() * clean[prev].element_size() * 4)
         step = max(1, min(self.max_bytes, STACK_BYTES) // row_bytes)
         rest = after[k:]
-        linear = self._rank_one_linear(rest[0], prev, clean) \
-            if rest and len(prev.users) == 1 else None
+        rank_one = self._rank_one(rest[0], prev, clean, params) if rest else None
         for a in range(0, len(rows_n), step):
             rn, rf = rows_n[a:a + step], rows_f[a:a + step]
-            if linear is not None:
-                # one input feature changed: the Linear's output moves by delta * W[:, feature]
-                weight = params.get(f"{rest[0].target}.weight", linear.weight)
-                delta = vals[rn, rf] - clean[prev][rn, col[rf]]
-                env: dict[Any, Any] = {rest[0]: torch.addcmul(
-                    clean[rest[0]][rn], delta[:, None], weight[:, col[rf]].T)}
+            delta = vals[rn, rf] - clean[prev][rn, col[rf]] if rank_one is not None else None
+            env: dict[Any, Any] = {}
+            todo = rest
+            if delta is not None and bool(torch.isfinite(delta).all()):
+                # one input channel changed: the layer's output moves by delta * W[:, channel]
+                env[rest[0]] = rank_one(clean[rest[0]][rn], delta, col[rf])
                 todo = rest[1:]
-            else:
-                full = clean[prev][rn].clone()
+            if todo is rest or len(prev.users) > 1:  # whole rows (also where a change is
+                full = clean[prev][rn].clone()  # not finite: inf - inf, NaN) for its readers
                 full[torch.arange(len(rn), device=full.device), col[rf]] = vals[rn, rf]
-                env = {prev: full}
-                todo = rest
+                env[prev] = full
             for n in todo:
                 for inp in n.all_input_nodes:
                     if inp not in env:
