@@ -56,7 +56,8 @@ CACHES = ("_budget", "_views", "_patchable", "_envs", "_per_example", "_golden",
 def faulty_in(fmap: FaultMap, plane: str, eligible: int) -> bool:
     """Whether ``fmap`` has a fault in ``plane`` at a bit of ``eligible``."""
     pmap = fmap.plane(plane)
-    return pmap is not None and bool(np.any(pmap.masks & np.uint32(eligible)))
+    return pmap is not None and pmap.masks.size > 0 and \
+        bool(np.any(pmap.masks & np.uint32(eligible)))
 
 
 class TorchEvaluator(SingleFaultPaths, CleanActivations, ReplicaWrites):

@@ -23,6 +23,7 @@ from bitfault.memory import Memory
 from bitfault.torch.channel_ops import channel_step
 from bitfault.torch.conv_calls import ConvCall, captured, conv_call
 from bitfault.torch.graph import TracedGraph, run_nodes, submodule
+from bitfault.torch.rank_one import carry, channel_map, materialize
 
 # Stacked rows per call, at most: larger stacks ran slower on the CPU (a MobileNetV2-style
 # net, 64x64 inputs: 256 MiB stacks 5.5x slower than 16 MiB ones; docs/campaigns.md).
@@ -231,31 +232,6 @@ class SingleFaultPaths:
             bias = clean[bias]
         return call, clean[call.input], bias
 
-    def _rank_one(self, node: Any, prev: Any, clean: Mapping[Any, Any],
-                  params: Mapping[str, Any]) -> Any:
-        """For ``node`` reading ``prev`` alone, a linear layer over channels: an
-        ``nn.Linear`` on (N, features) or a stock 1x1 ``nn.Conv2d`` (stride 1, no padding,
-        one group) on (N, C, H, W). Then one changed input channel ``c`` moves its output
-        by ``delta * W[:, c]``: returns ``update(clean_out, delta, cols)``, else None."""
-        import torch
-        from torch import nn
-
-        if node.op != "call_module" or node.args != (prev,) or node.kwargs:
-            return None
-        mod = submodule(self.model, node.target)
-        ndim = clean[prev].ndim
-        if isinstance(mod, nn.Linear) and ndim == 2:
-            weight = params.get(f"{node.target}.weight", mod.weight)
-            return lambda out, delta, cols: torch.addcmul(out, delta[:, None],
-                                                          weight[:, cols].T)
-        if type(mod) is nn.Conv2d and ndim == 4 and mod.kernel_size == (1, 1) and \
-                mod.stride == (1, 1) and mod.padding in ((0, 0), "valid") and \
-                mod.groups == 1 and mod.padding_mode == "zeros":
-            weight = params.get(f"{node.target}.weight", mod.weight)
-            return lambda out, delta, cols: torch.addcmul(
-                out, weight[:, cols, 0, 0].T[:, :, None, None], delta[:, None])
-        return None
-
     def _suffix(self, g: TracedGraph, node: Any, dirty: set[Any], clean: dict[Any, Any],
                 vals: Any, col: Any, first: int, params: Mapping[str, Any], n_batch: int,
                 faults: list[tuple[int, int, int]], preds: dict[int, np.ndarray],
@@ -290,23 +266,31 @@ class SingleFaultPaths:
         row_bytes = max(1, clean[prev][0].numel() * clean[prev].element_size() * 4)
         step = max(1, min(self.max_bytes, STACK_BYTES) // row_bytes)
         rest = after[k:]
-        rank_one = self._rank_one(rest[0], prev, clean, params) if rest else None
+        weight = channel_map(self.model, rest[0], prev, clean, params) if rest else None
         for a in range(0, len(rows_n), step):
             rn, rf = rows_n[a:a + step], rows_f[a:a + step]
-            delta = vals[rn, rf] - clean[prev][rn, col[rf]] if rank_one is not None else None
+            delta = vals[rn, rf] - clean[prev][rn, col[rf]] if weight is not None else None
             env: dict[Any, Any] = {}
+            low: dict[Any, Any] = {}  # nodes whose rows are clean + u * delta: their u
             todo = rest
             if delta is not None and bool(torch.isfinite(delta).all()):
                 # one input channel changed: the layer's output moves by delta * W[:, channel]
-                env[rest[0]] = rank_one(clean[rest[0]][rn], delta, col[rf])
-                todo = rest[1:]
-            if todo is rest or len(prev.users) > 1:  # whole rows (also where a change is
-                full = clean[prev][rn].clone()  # not finite: inf - inf, NaN) for its readers
+                low[rest[0]] = weight[:, col[rf]].T
+                j = 1
+                while j < len(rest) and (got := carry(self.model, rest[j], low, dirty, clean,
+                                                      params)) is not None:
+                    low[rest[j]] = got[1]
+                    j += 1
+                todo = rest[j:]
+            if not low or len(prev.users) > 1:  # whole rows (also where a change is not
+                full = clean[prev][rn].clone()  # finite: inf - inf, NaN) for its readers
                 full[torch.arange(len(rn), device=full.device), col[rf]] = vals[rn, rf]
                 env[prev] = full
-            for n in todo:
+            for n in todo:  # ends with the graph's output node (never carried)
                 for inp in n.all_input_nodes:
-                    if inp not in env:
+                    if inp in low and inp not in env:
+                        env[inp] = materialize(clean[inp][rn], low[inp], delta)
+                    elif inp not in env:
                         v = clean[inp]
                         env[inp] = (v[rn] if isinstance(v, torch.Tensor) and v.ndim
                                     and len(v) == n_batch else v)
