@@ -5,8 +5,9 @@ examples it changes, and the rest of the graph runs once for the changed example
 many faults stacked together (dropping examples whose values come back to clean).
 Conv channels are recomputed with the faulty weight; a Linear column is
 ``clean + x[:, j] * (w' - w)``, which can differ from a full matmul in the last bit of
-that column, and the first Linear or 1x1 convolution after the one changed channel is
-updated the same way, by ``delta * W[:, c]`` (see docs/campaigns.md).
+that column; the first Linear or 1x1 convolution after the one changed channel is
+updated the same way, by ``delta * W[:, c]``, and that form carried on through linear
+layers (``bitfault.torch.rank_one``; see docs/campaigns.md).
 """
 
 from __future__ import annotations
@@ -245,8 +246,9 @@ class SingleFaultPaths:
         back to clean is clean from there on. The first other operation gets whole rows,
         only for changed (example, fault) pairs, stacked along the batch dimension in
         memory-sized chunks: the same calls as the model's forward; when it is a Linear or
-        a plain 1x1 convolution (``_rank_one``) and every change is finite, its output is
-        the clean one plus ``delta * W[:, c]`` instead (equal to rounding).
+        a plain 1x1 convolution (``rank_one.channel_map``) and every change is finite, its
+        output is the clean one plus ``delta * W[:, c]`` instead, carried on in that form
+        as far as ``rank_one.carry`` goes (equal to whole rows to rounding).
         """
         import torch
 
