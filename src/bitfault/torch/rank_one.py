@@ -72,7 +72,8 @@ def carry(model: Any, node: Any, low: Mapping[Any, Any], dirty: set[Any],
         elif not isinstance(other, (int, float)) or isinstance(other, bool):
             return None
         return src, low[src] if src is a or _SIGN[node.target] > 0 else -low[src]
-    if node.op != "call_module" or len(node.args) != 1 or node.args[0] not in low:
+    if node.op != "call_module" or len(node.args) != 1 or \
+            not isinstance(node.args[0], Node) or node.args[0] not in low:
         return None
     src = node.args[0]
     weight = channel_map(model, node, src, clean, params)
