@@ -82,9 +82,9 @@ def test_carried_change_equals_whole_rows_to_rounding() -> None:
     reached = [first]
     for name in ("bn_a", "add", "b", "bn_b", "sub"):
         node = _node(g, name)
-        got = carry(model, node, low, dirty, clean, {})
-        assert got is not None, name
-        low[node] = got[1]
+        u = carry(model, node, low, dirty, clean, {})
+        assert u is not None, name
+        low[node] = u
         reached.append(node)
     with torch.no_grad():
         for node in reached:

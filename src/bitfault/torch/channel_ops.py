@@ -97,20 +97,30 @@ def channel_step(node: Any, prev: Any, model: Any, params: Mapping[str, Any], co
 def _binary(node: Any, prev: Any, clean: Mapping[Any, Any], dirty: set[Any],
             col: Any) -> Callable[[Any], Any] | None:
     """add / sub / mul of ``prev`` with a number or a tensor the fault does not reach."""
-    import torch
-
     fn = _BINARY[node.target]
     i = node.args.index(prev)
     other = node.args[1 - i]
-    if isinstance(other, (int, float)) and not isinstance(other, bool):
-        side = other
-    else:
-        ref = clean[prev]
-        if other in dirty or not isinstance(clean.get(other), torch.Tensor) or \
-                clean[other].shape != ref.shape or clean[other].dtype != ref.dtype:
-            return None
-        side = clean[other].index_select(1, col)
+    if not untouched_operand(other, clean[prev], clean, dirty):
+        return None
+    side = other if _is_number(other) else clean[other].index_select(1, col)
     return (lambda v: fn(v, side)) if i == 0 else (lambda v: fn(side, v))
 
 
-__all__ = ["channel_step"]
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def untouched_operand(other: Any, like: Any, clean: Mapping[Any, Any],
+                      dirty: set[Any]) -> bool:
+    """Whether ``other``, the second operand of an elementwise operation on a changed value
+    ``like`` (its clean tensor), is a number or a value the fault does not reach (not in
+    ``dirty``) whose clean tensor has ``like``'s shape and dtype."""
+    import torch
+
+    if _is_number(other):
+        return True
+    return other not in dirty and isinstance(clean.get(other), torch.Tensor) and \
+        clean[other].shape == like.shape and clean[other].dtype == like.dtype
+
+
+__all__ = ["channel_step", "untouched_operand"]

@@ -21,6 +21,7 @@ import operator
 from collections.abc import Mapping
 from typing import Any
 
+from bitfault.torch.channel_ops import untouched_operand
 from bitfault.torch.graph import submodule
 
 _SIGN = {operator.add: 1.0, operator.iadd: 1.0, operator.sub: -1.0, operator.isub: -1.0}
@@ -48,11 +49,10 @@ def channel_map(model: Any, node: Any, prev: Any, clean: Mapping[Any, Any],
 
 
 def carry(model: Any, node: Any, low: Mapping[Any, Any], dirty: set[Any],
-          clean: Mapping[Any, Any], params: Mapping[str, Any]) -> tuple[Any, Any] | None:
-    """(the value ``node`` reads in rank-one form, its ``u``) when ``node`` keeps the form
-    (the operations above), else None; ``low``: node -> ``u`` of the values in that form,
+          clean: Mapping[Any, Any], params: Mapping[str, Any]) -> Any:
+    """``node``'s ``u`` when it keeps the rank-one form of the value it reads (the
+    operations above), else None; ``low``: node -> ``u`` of the values in that form,
     ``dirty``: the nodes the fault reaches."""
-    import torch
     from torch import nn
     from torch.fx import Node
 
@@ -64,28 +64,23 @@ def carry(model: Any, node: Any, low: Mapping[Any, Any], dirty: set[Any],
         if len(mine) != 1 or clean[mine[0]].shape != clean[node].shape:
             return None
         src = mine[0]
-        other = b if src is a else a
-        if isinstance(other, Node):
-            if other in dirty or not isinstance(clean.get(other), torch.Tensor) or \
-                    clean[other].shape != clean[node].shape:
-                return None
-        elif not isinstance(other, (int, float)) or isinstance(other, bool):
+        if not untouched_operand(b if src is a else a, clean[src], clean, dirty):
             return None
-        return src, low[src] if src is a or _SIGN[node.target] > 0 else -low[src]
+        return low[src] if src is a or _SIGN[node.target] > 0 else -low[src]
     if node.op != "call_module" or len(node.args) != 1 or \
             not isinstance(node.args[0], Node) or node.args[0] not in low:
         return None
     src = node.args[0]
     weight = channel_map(model, node, src, clean, params)
     if weight is not None:
-        return src, low[src] @ weight.T
+        return low[src] @ weight.T
     mod = submodule(model, node.target)
     bns = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
     if type(mod) in bns and not mod.training and mod.running_var is not None:
         var = params.get(f"{node.target}.running_var", mod.running_var)
         scale = (var + mod.eps).rsqrt()
         w = params.get(f"{node.target}.weight", mod.weight)
-        return src, low[src] * (scale if w is None else w * scale)
+        return low[src] * (scale if w is None else w * scale)
     return None
 
 

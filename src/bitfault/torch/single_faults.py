@@ -279,9 +279,9 @@ class SingleFaultPaths:
                 # one input channel changed: the layer's output moves by delta * W[:, channel]
                 low[rest[0]] = weight[:, col[rf]].T
                 j = 1
-                while j < len(rest) and (got := carry(self.model, rest[j], low, dirty, clean,
-                                                      params)) is not None:
-                    low[rest[j]] = got[1]
+                while j < len(rest) and (u := carry(self.model, rest[j], low, dirty, clean,
+                                                    params)) is not None:
+                    low[rest[j]] = u
                     j += 1
                 todo = rest[j:]
             if not low or len(prev.users) > 1:  # whole rows (also where a change is not
@@ -290,10 +290,12 @@ class SingleFaultPaths:
                 env[prev] = full
             for n in todo:  # ends with the graph's output node (never carried)
                 for inp in n.all_input_nodes:
-                    if inp in low and inp not in env:
-                        env[inp] = materialize(clean[inp][rn], low[inp], delta)
-                    elif inp not in env:
-                        v = clean[inp]
+                    if inp in env:
+                        continue
+                    v = clean[inp]
+                    if inp in low:
+                        env[inp] = materialize(v[rn], low[inp], delta)
+                    else:
                         env[inp] = (v[rn] if isinstance(v, torch.Tensor) and v.ndim
                                     and len(v) == n_batch else v)
                 run_nodes(self.model, [n], env, params, None)
