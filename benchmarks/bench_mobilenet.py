@@ -27,9 +27,16 @@ Times are this process's CPU seconds (on a shared machine the work done; the rat
 them) and wall seconds (printed too). Faults per second and the ratios are printed, and
 bitfault's fixed part (a 1-fault campaign); ``--json`` writes the rows to a new file;
 ``--profile N`` prints the top N cProfile entries (CPU time) of one more bitfault run.
+``--rank-one-ablation`` adds two bitfault runs (at the first ``--max-mib``) with the
+single-fault path's rank-one updates switched off for the run only (docs/campaigns.md
+"Rank-one changes"): ``single_faults.channel_map`` returning None (no rank-one update:
+whole rows from the layer after the changed channel) and ``single_faults.carry`` returning
+None (only that first layer updated, not carried on); their predictions are asserted
+identical too.
 
 Run: python benchmarks/bench_mobilenet.py [--width 1.0] [--images 16] [--faults 60]
      [--max-mib 256 2048] [--repeats 1] [--seed 0] [--profile 25] [--json rows.json]
+     [--rank-one-ablation]
 Needs pytorchfi 0.6.0 (``pip install pytorchfi==0.6.0``; benchmark-only).
 """
 
@@ -52,6 +59,7 @@ import torch
 from torch import nn
 
 import bitfault as bf
+import bitfault.torch.single_faults as shortcut
 from bitfault.campaign import run, single_faults
 from bitfault.torch import TorchEvaluator
 
@@ -233,6 +241,19 @@ def bitfault_campaign(model: nn.Module, x: torch.Tensor, faults: list[Fault], st
     return dt, [by_key[tr.key] for tr in trials]
 
 
+def without(name: str, campaign: Any) -> Any:
+    """``campaign`` run with ``bitfault.torch.single_faults.<name>`` returning None (a
+    rank-one step switched off), put back afterwards."""
+    def ablated(*args: Any) -> Any:
+        original = getattr(shortcut, name)
+        setattr(shortcut, name, lambda *a, **k: None)
+        try:
+            return campaign(*args)
+        finally:
+            setattr(shortcut, name, original)
+    return ablated
+
+
 def pytorchfi_campaign(model: nn.Module, x: torch.Tensor,
                        faults: list[Fault]) -> tuple[Clock, list[list[int]]]:
     from pytorchfi.core import fault_injection
@@ -299,6 +320,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="print the top N cProfile entries of one more bitfault run")
     p.add_argument("--json", default=None, help="write the rows here (a new file)")
+    p.add_argument("--rank-one-ablation", action="store_true",
+                   help="also run bitfault without its rank-one updates, and with only the "
+                        "first layer after the changed channel updated")
     args = p.parse_args(argv)
     for name in ("images", "faults", "repeats"):
         if getattr(args, name) < 1:
@@ -339,6 +363,11 @@ def main(argv: list[str] | None = None) -> None:
     runs: dict[str, Any] = {
         f"bitfault {mib} MiB": lambda r, mib=mib: bitfault_campaign(
             model, x, faults, tmp / f"s{r}_{mib}.db", mib << 20) for mib in args.max_mib}
+    if args.rank_one_ablation:
+        mib = args.max_mib[0]
+        for label, name in (("no rank-one", "channel_map"), ("rank-one 1 layer", "carry")):
+            runs[f"bitfault {label}"] = lambda r, mib=mib, name=name: without(
+                name, bitfault_campaign)(model, x, faults, tmp / f"a{r}_{name}.db", mib << 20)
     runs.update({"pytorchfi": lambda r: pytorchfi_campaign(model, x, faults),
                  "hand loop": lambda r: hand_loop(model, x, faults)})
     times: dict[str, list[Clock]] = {k: [] for k in runs}
@@ -387,10 +416,11 @@ def table(args: argparse.Namespace, times: dict[str, list[Clock]]) -> list[dict[
         row["vs_pytorchfi"] = base["pytorchfi"]["cpu_s"] / row["cpu_s"]
         row["vs_hand_loop"] = base["hand loop"]["cpu_s"] / row["cpu_s"]
         row["vs_pytorchfi_wall"] = base["pytorchfi"]["wall_s"] / row["wall_s"]
-    print(f"{'method':<18} {'CPU s':>7} {'faults/CPU s':>13} {'vs pytorchfi':>13} "
+    w = max(len(r["method"]) for r in rows)
+    print(f"{'method':<{w}} {'CPU s':>7} {'faults/CPU s':>13} {'vs pytorchfi':>13} "
           f"{'vs hand loop':>13} {'wall s':>7} {'(wall) vs pytorchfi':>20}")
     for r in rows:
-        print(f"{r['method']:<18} {r['cpu_s']:7.2f} {r['faults_per_cpu_s']:13.2f} "
+        print(f"{r['method']:<{w}} {r['cpu_s']:7.2f} {r['faults_per_cpu_s']:13.2f} "
               f"{r['vs_pytorchfi']:12.1f}x {r['vs_hand_loop']:12.1f}x {r['wall_s']:7.2f} "
               f"{r['vs_pytorchfi_wall']:19.1f}x")
     return rows
