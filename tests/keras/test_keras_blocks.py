@@ -300,7 +300,9 @@ def test_randbet_through_gguf_replays_its_transient_maps(digits) -> None:
     logits = h @ faulty[1] + w[3]
     z = logits - logits.max(1, keepdims=True)
     loss = -np.mean(z[np.arange(len(y)), y] - np.log(np.exp(z).sum(1)))
-    assert abs(loss - pert) < 1e-4
+    # float32 (TensorFlow) against NumPy: a flipped scale can make the loss ~1e7, where
+    # one float32 step is 2, so the tolerance is relative
+    assert abs(loss - pert) <= 1e-5 * max(1.0, abs(loss))
 
 
 def test_keras_evaluator_on_plane_maps_is_the_numpy_forward(digits) -> None:
