@@ -9,9 +9,14 @@ textbook formulas in float64 bit for bit (``tests/campaign/test_logits.py``).
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
+
+from bitfault.errors import check_int
 
 
 def _floating(logits: np.ndarray) -> np.ndarray:
@@ -101,6 +106,25 @@ ROW_CHUNK_BYTES = 4 << 20
 each row as on the whole array (so the same values, bit for bit), in cache."""
 
 
+def _in_row_groups(n: int, width: int, threads: int,
+                   score: Callable[[int, int, int], None]) -> None:
+    """``score(lo, hi, step)`` on rows ``lo:hi`` (chunks of ``step`` rows inside), the rows
+    split into up to ``threads`` contiguous groups of whole chunks run in threads of their
+    own (NumPy lets go of the GIL in its loops). Every value is computed per row, so any
+    split gives the same values, bit for bit."""
+    step = max(1, ROW_CHUNK_BYTES // (8 * max(width, 1)))
+    chunks = -(-n // step)
+    groups = min(check_int(threads, "threads", 1), chunks)
+    if groups <= 1:
+        score(0, n, step)
+        return
+    bounds = [min(n, step * (chunks * g // groups)) for g in range(groups + 1)]
+    with ThreadPoolExecutor(groups) as pool:
+        runs = [pool.submit(score, lo, hi, step) for lo, hi in itertools.pairwise(bounds)]
+        for run in runs:
+            run.result()  # a worker's error is raised here
+
+
 @dataclass(frozen=True)
 class CleanRows:
     """The clean side of the logit metrics, computed once per batch of clean logits (what
@@ -112,16 +136,22 @@ class CleanRows:
     top: np.ndarray
 
     @classmethod
-    def of(cls, clean: np.ndarray) -> CleanRows:
+    def of(cls, clean: np.ndarray, threads: int = 1) -> CleanRows:
+        """The clean side of ``clean``'s rows, scored on up to ``threads`` threads."""
         c = np.asarray(clean)
         c2 = c.reshape(-1, c.shape[-1])
         logp, p = np.empty(c2.shape), np.empty(c2.shape)
-        step = max(1, ROW_CHUNK_BYTES // (8 * max(c2.shape[-1], 1)))
-        for i in range(0, len(c2), step):
-            part = slice(i, i + step)
-            _log_softmax(c2[part], out=logp[part], work=p[part])
-            np.exp(logp[part], out=p[part])
-        return cls(logp, p, _argmax(c2))
+        top = np.zeros(len(c2), np.int64)
+
+        def score(lo: int, hi: int, step: int) -> None:
+            for i in range(lo, hi, step):
+                part = slice(i, min(i + step, hi))
+                _log_softmax(c2[part], out=logp[part], work=p[part])
+                np.exp(logp[part], out=p[part])
+                top[part] = _argmax(c2[part])
+
+        _in_row_groups(len(c2), c2.shape[-1], threads, score)
+        return cls(logp, p, top)
 
     @staticmethod
     def nbytes_for(clean: np.ndarray) -> int:
@@ -133,12 +163,13 @@ class CleanRows:
 
 
 def logit_rows(faulty: np.ndarray, clean: np.ndarray, labels: np.ndarray | None,
-               clean_rows: CleanRows | None = None
+               clean_rows: CleanRows | None = None, threads: int = 1
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per row of logits (all axes but the last): top-1 agreement with the clean row, KL(clean
     || faulty), the faulty top-1 and the faulty row's negative log-likelihood of its label
-    (0 where the label is negative or absent), computed in row chunks; ``clean_rows``:
-    ``CleanRows.of(clean)`` when kept (the same values, the clean side not recomputed)."""
+    (0 where the label is negative or absent), computed in row chunks on up to ``threads``
+    threads (the same values on any number); ``clean_rows``: ``CleanRows.of(clean)`` when
+    kept (the same values, the clean side not recomputed)."""
     f, c = np.asarray(faulty), np.asarray(clean)
     rows, width = f.shape[:-1], f.shape[-1]
     f2, c2 = f.reshape(-1, width), c.reshape(-1, width)
@@ -146,26 +177,29 @@ def logit_rows(faulty: np.ndarray, clean: np.ndarray, labels: np.ndarray | None,
     lab = np.zeros(n, np.int64) if labels is None else np.asarray(labels).reshape(-1)
     agree, top = np.zeros(n, bool), np.zeros(n, np.int64)
     kl, nll = np.zeros(n), np.zeros(n)
-    step = max(1, ROW_CHUNK_BYTES // (8 * max(width, 1)))
-    work = np.empty((3, min(step, n), width))  # one chunk's float64 rows, reused
-    for i in range(0, n, step):
-        part = slice(i, min(i + step, n))
-        lf_out, e_out, lc_out = work[:, :part.stop - i]
-        fp = _floating(f2[part])
-        with np.errstate(all="ignore"):
-            fmax = _row_max(fp)
-        lf = _log_softmax(fp, fmax, out=lf_out, work=e_out)
-        top[part] = _argmax(fp, fmax)
-        if clean_rows is None:
-            cp = _floating(c2[part])
+
+    def score(lo: int, hi: int, step: int) -> None:
+        work = np.empty((3, min(step, hi - lo), width))  # one chunk's float64 rows, reused
+        for i in range(lo, hi, step):
+            part = slice(i, min(i + step, hi))
+            lf_out, e_out, lc_out = work[:, :part.stop - i]
+            fp = _floating(f2[part])
             with np.errstate(all="ignore"):
-                cmax = _row_max(cp)
-            lc = _log_softmax(cp, cmax, out=lc_out, work=e_out)
-            agree[part] = top[part] == _argmax(cp, cmax)
-            kl[part] = _kl(lc, lf, work=e_out)
-        else:
-            agree[part] = top[part] == clean_rows.top[part]
-            kl[part] = _kl(clean_rows.logp[part], lf, clean_rows.p[part], work=e_out)
-        safe = np.where(lab[part] >= 0, lab[part], 0)
-        nll[part] = -np.take_along_axis(lf, safe[:, None], axis=-1)[:, 0]
+                fmax = _row_max(fp)
+            lf = _log_softmax(fp, fmax, out=lf_out, work=e_out)
+            top[part] = _argmax(fp, fmax)
+            if clean_rows is None:
+                cp = _floating(c2[part])
+                with np.errstate(all="ignore"):
+                    cmax = _row_max(cp)
+                lc = _log_softmax(cp, cmax, out=lc_out, work=e_out)
+                agree[part] = top[part] == _argmax(cp, cmax)
+                kl[part] = _kl(lc, lf, work=e_out)
+            else:
+                agree[part] = top[part] == clean_rows.top[part]
+                kl[part] = _kl(clean_rows.logp[part], lf, clean_rows.p[part], work=e_out)
+            safe = np.where(lab[part] >= 0, lab[part], 0)
+            nll[part] = -np.take_along_axis(lf, safe[:, None], axis=-1)[:, 0]
+
+    _in_row_groups(n, width, threads, score)
     return (agree.reshape(rows), kl.reshape(rows), top.reshape(rows), nll.reshape(rows))

@@ -109,16 +109,18 @@ class OutputMetric:
                 "language_model": ("nll", "tokens", "correct", "agree", "kl")}[self.kind]
 
     def record(self, faulty: np.ndarray, clean: np.ndarray, labels: np.ndarray | None,
-               clean_rows: CleanRows | None = None) -> dict[str, np.ndarray]:
+               clean_rows: CleanRows | None = None, threads: int = 1
+               ) -> dict[str, np.ndarray]:
         """Per-example values of one batch (sums over tokens for a language model);
-        ``clean_rows``: ``self.clean_rows(clean)`` when kept (same values, faster)."""
+        ``clean_rows``: ``self.clean_rows(clean)`` when kept (same values, faster);
+        ``threads``: logits are scored on up to this many (same values on any number)."""
         if self.kind == "cosine":
             f, c = np.asarray(faulty, np.float64), np.asarray(clean, np.float64)
             with np.errstate(all="ignore"):
                 cos = np.sum(f * c, 1) / (np.linalg.norm(f, axis=1) * np.linalg.norm(c, axis=1))
             return {"cosine": np.nan_to_num(cos, nan=0.0)}
         labels = None if labels is None else np.asarray(labels, np.int64)
-        agree, kl, top, nll = logit_rows(faulty, clean, labels, clean_rows)
+        agree, kl, top, nll = logit_rows(faulty, clean, labels, clean_rows, threads)
         if self.kind == "agreement":
             return {"agree": agree.astype(np.float64), "kl": kl}
         if self.kind == "accuracy":
@@ -130,9 +132,10 @@ class OutputMetric:
                 "agree": np.sum(scored & agree, 1) * 1.0,
                 "kl": np.sum(np.where(scored, kl, 0.0), 1)}
 
-    def clean_rows(self, clean: np.ndarray) -> CleanRows | None:
-        """The clean side a trial of this metric can reuse (None: nothing to keep)."""
-        return CleanRows.of(clean) if self.kind in ("accuracy", "agreement",
+    def clean_rows(self, clean: np.ndarray, threads: int = 1) -> CleanRows | None:
+        """The clean side a trial of this metric can reuse (None: nothing to keep), scored on
+        up to ``threads`` threads."""
+        return CleanRows.of(clean, threads) if self.kind in ("accuracy", "agreement",
                                                     "language_model") else None
 
     def clean_rows_nbytes(self, clean: np.ndarray) -> int:
@@ -167,16 +170,16 @@ METRIC_KINDS = ("accuracy", "agreement", "cosine", "language_model", "similarity
 
 
 def make_records(metric: OutputMetric, faulty: np.ndarray, clean: np.ndarray,
-                 labels: np.ndarray | None, clean_rows: CleanRows | None = None
-                 ) -> np.ndarray:
+                 labels: np.ndarray | None, clean_rows: CleanRows | None = None,
+                 threads: int = 1) -> np.ndarray:
     """One batch's per-example records: ``metric.record`` fields (a field may hold a
     vector per example, as similarity's embeddings), ``identical``, ``finite``;
-    ``clean_rows``: ``metric.clean_rows(clean)`` kept by the caller (the same records)."""
+    ``clean_rows``: ``metric.clean_rows(clean)`` kept by the caller (the same records);
+    ``threads``: logits are scored on up to this many (the same records on any number)."""
     faulty, clean = np.asarray(faulty), np.asarray(clean)
     n = len(faulty)
     identical, finite = _identical_and_finite(faulty, clean)
-    values = metric.record(faulty, clean, labels) if clean_rows is None else \
-        metric.record(faulty, clean, labels, clean_rows)
+    values = metric.record(faulty, clean, labels, clean_rows, threads)
     dtype = [(f, np.float64, np.shape(values[f])[1:]) for f in metric.fields()] + [
         ("identical", bool), ("finite", bool)]
     out = np.zeros(n, dtype)

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from bitfault.campaign.logits import CleanRows
 from bitfault.campaign.metrics import OutputMetric, outcome
 from bitfault.errors import ArgumentError
 
@@ -136,8 +137,11 @@ class SimilarityMetric(OutputMetric):
     def fields(self) -> tuple[str, ...]:
         return ("cosine", "embedding")
 
-    def record(self, faulty: np.ndarray, clean: np.ndarray, labels: np.ndarray | None
+    def record(self, faulty: np.ndarray, clean: np.ndarray, labels: np.ndarray | None,
+               clean_rows: CleanRows | None = None, threads: int = 1
                ) -> dict[str, np.ndarray]:
+        """Per text its cosine with the clean embedding and the embedding itself (no logit
+        rows: ``clean_rows`` and ``threads`` are unused)."""
         cos = OutputMetric("cosine").record(faulty, clean, None)["cosine"]
         return {"cosine": cos, "embedding": np.asarray(faulty, np.float64)}
 

@@ -139,6 +139,8 @@ class GGUFEvaluator:
         return logits.float().cpu().numpy()
 
     def _clean_output(self, i: int, b: slice) -> np.ndarray:
+        import torch
+
         hit = self._clean.get(i)
         if hit is None:
             self.gm.restore_()
@@ -153,7 +155,7 @@ class GGUFEvaluator:
                 self._clean[i] = hit
         if i in self._clean and i not in self._clean_rows and self._kept_bytes() + \
                 self.metric.clean_rows_nbytes(hit) <= self.max_bytes:
-            rows = self.metric.clean_rows(hit)
+            rows = self.metric.clean_rows(hit, torch.get_num_threads())
             if rows is not None:
                 self._clean_rows[i] = rows
         return hit
@@ -164,7 +166,9 @@ class GGUFEvaluator:
             sum(v.nbytes for v in self._clean_rows.values())
 
     def predict(self, batch_of_maps: Sequence[Maps], memory: Memory) -> list[np.ndarray]:
-        """Per-example records (``make_records``) of each map set."""
+        """Per-example records (``make_records``, scored on torch's threads) of each map set."""
+        import torch
+
         out = []
         for maps in batch_of_maps:
             active = {n: m for n, m in maps.items()
@@ -182,7 +186,7 @@ class GGUFEvaluator:
                     with self.stack_cache.reusing(CLEAN, i, k):
                         faulty = self._outputs(b)
                 parts.append(make_records(self.metric, faulty, clean, self.labels[b],
-                                          self._clean_rows.get(i)))
+                                          self._clean_rows.get(i), torch.get_num_threads()))
             out.append(np.concatenate(parts))
         return out
 

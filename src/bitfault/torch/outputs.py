@@ -142,11 +142,11 @@ class OutputEvaluator(TorchEvaluator):
         return digest_arrays({**arrays, "y": self.labels})
 
     def _clean_output(self, i: int, b: slice, memory: Memory) -> np.ndarray:
+        import torch
+
         key = (self._key(memory), i)
         hit = self._clean_outs.get(key)
         if hit is None:
-            import torch
-
             self._load(self.stored(memory))
             self._applied = None
             reuse = self.stack_cache if self.stack_reuse else None
@@ -159,7 +159,7 @@ class OutputEvaluator(TorchEvaluator):
                 self._clean_outs[key] = hit
         if key in self._clean_outs and key not in self._clean_rows and self._budget.fits(
                 self.metric.clean_rows_nbytes(hit)):
-            rows = self.metric.clean_rows(hit)
+            rows = self.metric.clean_rows(hit, torch.get_num_threads())
             if rows is not None and self._budget.take(rows.nbytes):
                 self._clean_rows[key] = rows
         return hit
@@ -172,7 +172,8 @@ class OutputEvaluator(TorchEvaluator):
                 self._budget.give(cache.pop(k).nbytes)
 
     def predict(self, batch_of_maps: Sequence[Maps], memory: Memory) -> list[np.ndarray]:
-        """Per-example records (``bitfault.campaign.metrics.make_records``) for each map set."""
+        """Per-example records (``bitfault.campaign.metrics.make_records``, scored on torch's
+        threads) for each map set."""
         import torch
 
         planes = plane_formats(memory.format)
@@ -201,7 +202,8 @@ class OutputEvaluator(TorchEvaluator):
                         faulty = self._outputs(self.model, b)
                 labels = None if self._labels is None else self._labels[b]
                 parts.append(make_records(self.metric, faulty, clean, labels,
-                                          self._clean_rows.get((self._key(memory), i))))
+                                          self._clean_rows.get((self._key(memory), i)),
+                                          torch.get_num_threads()))
             out.append(np.concatenate(parts))
         return out
 
