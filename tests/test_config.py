@@ -396,3 +396,29 @@ def test_campaign_targets_take_the_targets_vocabulary() -> None:
     with pytest.raises(ConfigError) as err:
         load_config({**base, "campaign": {"targets": {"kinds": ["everything"]}}})
     assert err.value.key == "campaign.targets"
+
+
+def test_package_paths_resolve_inside_the_installed_package_without_importing_it() -> None:
+    import os
+
+    import numpy
+
+    from bitfault.config.pretrained import local_path, pretrained_model
+
+    here = local_path("package:numpy/__init__.py", "model.path")
+    assert here is not None and os.path.samefile(here, numpy.__file__)
+    assert local_path("/some/file.gguf", "model.path") == "/some/file.gguf"
+    assert local_path(None, "data.tokenizer") is None
+    for value, allowed in (("package:numpy/no_such_file.gguf", "does not exist"),
+                           ("package:no_such_package_xyz/a.gguf", "no package")):
+        with pytest.raises(ConfigError) as err:
+            local_path(value, "model.path")
+        assert err.value.key == "model.path" and allowed in err.value.allowed
+    # malformed: named when the config is read, before any lookup
+    for value in ("package:numpy", "package:numpy/", "package:numpy/../x.gguf",
+                  "package:/abs.gguf", "package:not-a-module/x.gguf"):
+        with pytest.raises(ConfigError) as err:
+            pretrained_model({"kind": "gguf", "path": value})
+        assert err.value.key == "model.path" and "MODULE/PATH" in err.value.allowed
+    assert pretrained_model({"kind": "gguf", "path": "package:llm_x/m.gguf"}).path == \
+        "package:llm_x/m.gguf"  # kept as written; resolved when a run is planned

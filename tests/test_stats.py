@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import warnings
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -138,6 +140,40 @@ def test_bounded_interval_errors() -> None:
     with pytest.raises(ValueError, match="confidence"):
         bounded_mean_interval(0.5, 0.1, 3, 0.0, 1.0, confidence=0.0)
     assert metric_bounds("accuracy") == (0.0, 1.0) and metric_bounds("loss") is None
+
+
+def test_every_bounded_metric_value_has_its_range() -> None:
+    for share in ("accuracy", "agreement", "next_token_accuracy", "next_token_agreement",
+                  "masked", "non_finite", "corrupted"):
+        assert metric_bounds(share) == (0.0, 1.0)
+    for corr in ("cosine", "cosine_min", "spearman"):
+        assert metric_bounds(corr) == (-1.0, 1.0)
+    assert metric_bounds("perplexity") is None and metric_bounds("kl") is None
+    # a cosine interval near 1 stays at or below 1 (Student's t alone passes it)
+    s = summarize([0.9999, 0.9996, 1.0], bounds=metric_bounds("cosine"))
+    assert s.ci_high <= 1.0 and s.ci_method == "wilson_effective_n"
+
+
+def _exact_mean_std(values: list[float]) -> tuple[float, float]:
+    v = [Fraction(x) for x in values]
+    mean = sum(v) / len(v)
+    var = sum((x - mean) ** 2 for x in v) / (len(v) - 1)
+    return float(mean), math.sqrt(float(var / Fraction(10) ** 600)) * 1e300  # var > 1e308
+
+
+def test_summarize_huge_finite_values_without_overflow() -> None:
+    # perplexities of faulty chips reach 1e153 and beyond: squares and sums overflow
+    values = [37.46, 3.751e153, 1.2e308, 1.5e308]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        s = summarize(values)
+    mean, std = _exact_mean_std(values)
+    assert math.isfinite(s.mean) and math.isfinite(s.std)  # the interval may pass 1.8e308
+    assert s.mean == pytest.approx(mean, rel=1e-12) and s.std == pytest.approx(std, rel=1e-12)
+    # where nothing overflows the plain NumPy values, bit for bit
+    small = [37.46, 3.751e153, 12.0]
+    assert summarize(small).std == float(np.std(small, ddof=1))
+    assert summarize(small).mean == float(np.mean(small))
 
 
 def test_format_rates_keeps_distinct_rates_distinct() -> None:

@@ -4,7 +4,9 @@
 - ``summarize``: across chips, mean, std, min, max, percentiles and a confidence
   interval of the mean: Student-t, or for a metric bounded in [lo, hi] (accuracy in
   [0, 1]) a Wilson score interval at the chips' effective sample size, inside the bounds.
-- ``metric_bounds``: the bounds of bitfault's own metrics (accuracy, robust error).
+- ``metric_bounds``: the bounds of bitfault's own metric values (shares, cosines...).
+- ``summary_rows``: ``summarize`` of one value of trial records per (kind, rate, target,
+  bit), over the chips where it is finite (the others counted).
 - ``format_rates``: the shortest labels that keep a sweep's distinct rates distinct.
 - ``robust_error``: the bit-error-robustness definition (Stutz et al., MLSys 2021): an
   example counts as wrong if it is misclassified with or without faults.
@@ -15,6 +17,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -155,13 +158,31 @@ class Summary:
         return asdict(self)
 
 
-METRIC_BOUNDS: dict[str, tuple[float, float]] = {"accuracy": (0.0, 1.0),
-                                                 "robust_error": (0.0, 1.0)}
+_SHARES = ("accuracy", "robust_error", "agreement", "next_token_accuracy",
+           "next_token_agreement", "masked", "non_finite", "corrupted", "detected")
+_CORRELATIONS = ("cosine", "cosine_min", "spearman", "spearman_clean")
+METRIC_BOUNDS: dict[str, tuple[float, float]] = {**dict.fromkeys(_SHARES, (0.0, 1.0)),
+                                                 **dict.fromkeys(_CORRELATIONS, (-1.0, 1.0))}
+"""The range of every bounded value bitfault's metrics record: shares in [0, 1], cosines
+and rank correlations in [-1, 1] (their summaries get an interval inside it)."""
 
 
 def metric_bounds(metric: str) -> tuple[float, float] | None:
-    """The range of one of bitfault's metrics ("accuracy", "robust_error"); None if unknown."""
+    """The range of one of bitfault's metric values (``METRIC_BOUNDS``); None if unbounded
+    or unknown (loss, perplexity, KL)."""
     return METRIC_BOUNDS.get(metric)
+
+
+def _overflow_safe(v: np.ndarray, stat: Callable[[np.ndarray], float]) -> float:
+    """``stat(v)``, or where that overflows on finite values (perplexities near 1e300),
+    ``s * stat(v / s)`` with ``s`` the largest magnitude: the same value where the plain
+    one is finite, a finite one where it is not."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        plain = float(stat(v))
+        if math.isfinite(plain):
+            return plain
+        s = float(np.max(np.abs(v)))
+        return s * float(stat(v / s))
 
 
 def _check_bounds(bounds: Any, v: np.ndarray) -> tuple[float, float]:
@@ -218,8 +239,8 @@ def summarize(values: Any, confidence: float = 0.95,
     if not np.all(np.isfinite(v)):
         raise ValueError("values must be finite")
     limits = None if bounds is None else _check_bounds(bounds, v)
-    mean = float(v.mean())
-    std = float(v.std(ddof=1)) if v.size > 1 else 0.0
+    mean = _overflow_safe(v, np.mean)
+    std = _overflow_safe(v, lambda x: x.std(ddof=1)) if v.size > 1 else 0.0
     p = np.percentile(v, [5, 25, 50, 75, 95])
     if limits is not None:
         mean = min(limits[1], max(limits[0], mean))  # a float sum can step past a bound
@@ -231,6 +252,32 @@ def summarize(values: Any, confidence: float = 0.95,
         low, high, method = mean - half, mean + half, "student_t"
     return Summary(int(v.size), mean, std, float(v.min()), float(v.max()), *map(float, p),
                    low, high, confidence, method)
+
+
+def summary_rows(records: Sequence[Any], metric: str, confidence: float = 0.95
+                 ) -> list[dict[str, Any]]:
+    """Of trial records (``campaign.store.TrialRecord``: kind, ber, target, bit, metrics),
+    one row per (kind, ber, target, bit) (single faults in one row, whatever their
+    target): ``stats.summarize`` of ``metric`` over the chips where it is finite (``n``;
+    bounded values, ``stats.METRIC_BOUNDS``, get an interval inside their bounds), with
+    ``chips`` and ``non_finite`` counts (a record without ``metric`` counts as not finite);
+    a group without a finite value has ``n`` 0 and no statistics."""
+    groups: dict[tuple, list[float]] = {}
+    for r in records:
+        key = (r.kind, r.ber, r.target if r.kind != "single" else None,
+               r.bit if r.kind == "bit" else None)
+        value = r.metrics.get(metric)
+        groups.setdefault(key, []).append(math.nan if value is None else float(value))
+    rows = []
+    for (kind, ber, target, bit), values in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        finite = [v for v in values if math.isfinite(v)]
+        row: dict[str, Any] = {"kind": kind, "ber": ber, "target": target, "bit": bit,
+                               "metric": metric, "chips": len(values),
+                               "non_finite": len(values) - len(finite), "n": len(finite)}
+        if finite:
+            row.update(summarize(finite, confidence, metric_bounds(metric)).to_dict())
+        rows.append(row)
+    return rows
 
 
 def format_rates(rates: Any) -> list[str]:
@@ -293,4 +340,4 @@ def fault_injection_sample_size(population: int, margin: float = 0.01,
 
 __all__ = ["METRIC_BOUNDS", "Summary", "bounded_mean_interval", "fault_injection_sample_size",
            "format_rate", "format_rates", "metric_bounds", "normal_quantile", "robust_error",
-           "summarize", "t_quantile", "wilson_interval"]
+           "summarize", "summary_rows", "t_quantile", "wilson_interval"]

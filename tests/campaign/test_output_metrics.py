@@ -52,6 +52,16 @@ def test_cosine_of_embeddings():
     assert v["cosine"] == pytest.approx(0.5) and v["cosine_min"] == pytest.approx(0.0)
 
 
+def test_cosine_of_an_embedding_with_itself_is_at_most_one():
+    # float64 rounding puts a third of these at 1 + 2**-52 before the clip
+    x = np.random.default_rng(0).standard_normal((64, 384))
+    raw = np.sum(x * x, 1) / np.linalg.norm(x, axis=1) ** 2
+    assert np.any(raw > 1.0)
+    cos = OutputMetric("cosine").record(x, x.copy(), None)["cosine"]
+    assert np.all(cos <= 1.0) and np.all(cos >= 1.0 - 1e-15)
+    assert np.all(OutputMetric("cosine").record(-x, x, None)["cosine"] >= -1.0)
+
+
 def test_outcomes_masked_non_finite_corrupted():
     m = OutputMetric("agreement")
     clean = np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)

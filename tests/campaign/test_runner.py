@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sqlite3
 import subprocess
@@ -22,6 +23,9 @@ from bitfault.campaign import (
     run,
     single_faults,
 )
+from bitfault.campaign.runner import CampaignResult
+from bitfault.campaign.store import TrialRecord
+from bitfault.stats import summary_rows
 
 MEMORY = bf.Memory(bf.IntQuant(8), bf.BitFlip())
 HERE = Path(__file__).parent
@@ -163,6 +167,35 @@ def test_summary_across_chips(evaluator: NumpyEvaluator, tmp_path: Path) -> None
     assert result.summary("robust_error")[0]["mean"] >= 1 - result.clean["accuracy"]
     with pytest.raises(KeyError, match="not recorded"):
         result.summary("f1")
+
+
+def _record(kind: str, ber: float | None, chip: int, metrics: dict, target: str | None = None
+            ) -> TrialRecord:
+    return TrialRecord(f"{kind}-{ber}-{chip}-{target}", "c", kind, ber, chip, chip, target,
+                       None, None, None, None, None, None, None, metrics, None, None, None)
+
+
+def test_summary_rows_count_non_finite_chips_and_never_average_them() -> None:
+    records = [_record("rate", 1e-4, 0, {"perplexity": 40.0, "next_token_agreement": 0.9}),
+               _record("rate", 1e-4, 1, {"perplexity": math.inf, "next_token_agreement": 0.2}),
+               _record("rate", 1e-4, 2, {"perplexity": 44.0, "next_token_agreement": 1.0}),
+               _record("rate", 1e-3, 0, {"perplexity": math.nan, "next_token_agreement": 0.0}),
+               _record("single", None, 0, {"perplexity": 37.0}, target="a.weight"),
+               _record("single", None, 1, {"perplexity": 39.0}, target="b.weight")]
+    result = CampaignResult(records)
+    rows = {(r["kind"], r["ber"]): r for r in result.summary("perplexity")}
+    row = rows[("rate", 1e-4)]
+    assert (row["chips"], row["non_finite"], row["n"], row["mean"]) == (3, 1, 2, 42.0)
+    empty = rows[("rate", 1e-3)]
+    assert (empty["chips"], empty["non_finite"], empty["n"]) == (1, 1, 0) and "mean" not in empty
+    single = rows[("single", None)]  # every single fault in one row, whatever its target
+    assert (single["chips"], single["mean"], single["target"]) == (2, 38.0, None)
+    # a bounded value's interval stays inside its range
+    (agree,) = [r for r in summary_rows(records, "next_token_agreement") if r["ber"] == 1e-4]
+    assert agree["ci_method"] == "wilson_effective_n" and 0.0 <= agree["ci_low"]
+    assert agree["ci_high"] <= 1.0
+    with pytest.raises(KeyError, match="not recorded"):
+        result.summary("next_token_agreement")  # the single faults did not record it
 
 
 def _garble(path: Path, at: float) -> None:

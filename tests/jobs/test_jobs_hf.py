@@ -276,6 +276,36 @@ def test_bad_input_is_refused_before_anything_is_written(assets, tmp_path) -> No
             "bers": [1e-3], "chips": 1, "fault": {"kind": "stuck_at", "value": 1}}))
 
 
+def test_package_paths_find_the_model_and_text_a_package_ships(assets, tmp_path,
+                                                               monkeypatch) -> None:
+    import shutil
+
+    pkg = tmp_path / "site" / "tiny_models_pkg"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("raise ImportError('bitfault must not import me')\n")
+    shutil.copytree(assets["llama"], pkg / "llama")
+    shutil.copy(assets["text"], pkg / "text.txt")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    campaign = {"bers": [1e-2], "chips": 2, "seed": 3}
+    plain = run_campaign(config=_hf_config(assets, tmp_path / "plain", campaign=campaign))
+    packaged = _hf_config(assets, tmp_path / "pkg", campaign=campaign,
+                          model={"kind": "hf", "path": "package:tiny_models_pkg/llama"},
+                          data={"source": "text", "path": "package:tiny_models_pkg/text.txt",
+                                "context": 16, "windows": 3})
+    got = run_campaign(config=packaged)
+    assert got["models"]["int8"]["clean"] == plain["models"]["int8"]["clean"]
+    assert got["models"]["int8"]["rate"] == plain["models"]["int8"]["rate"]
+    # the run directory keeps the paths as written: portable to another machine
+    kept = json.loads((tmp_path / "pkg" / "config.json").read_text())
+    assert kept["model"]["path"] == "package:tiny_models_pkg/llama"
+    assert run_campaign(tmp_path / "pkg")["models"]["int8"]["ran"] == 0
+    for model_path in ("package:no_such_package_here/llama", "package:tiny_models_pkg/nope"):
+        with pytest.raises(ConfigError) as err:
+            run_campaign(config=_hf_config(assets, tmp_path / "bad",
+                                           model={"kind": "hf", "path": model_path}))
+        assert err.value.key == "model.path" and not (tmp_path / "bad").exists()
+
+
 def test_cli_campaign_and_report(assets, tmp_path, capsys) -> None:
     from bitfault.cli import main
 

@@ -118,7 +118,8 @@ class OutputMetric:
             f, c = np.asarray(faulty, np.float64), np.asarray(clean, np.float64)
             with np.errstate(all="ignore"):
                 cos = np.sum(f * c, 1) / (np.linalg.norm(f, axis=1) * np.linalg.norm(c, axis=1))
-            return {"cosine": np.nan_to_num(cos, nan=0.0)}
+            # a vector's cosine with itself can round to 1 + 2**-52: kept inside [-1, 1]
+            return {"cosine": np.clip(np.nan_to_num(cos, nan=0.0), -1.0, 1.0)}
         labels = None if labels is None else np.asarray(labels, np.int64)
         agree, kl, top, nll = logit_rows(faulty, clean, labels, clean_rows, threads)
         if self.kind == "agreement":

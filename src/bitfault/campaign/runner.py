@@ -36,7 +36,7 @@ from bitfault.errors import ArgumentError, ArgumentTypeError
 from bitfault.faults import resolve_plane_bits
 from bitfault.maps import FaultMap
 from bitfault.memory import Memory
-from bitfault.stats import metric_bounds, summarize
+from bitfault.stats import summary_rows
 from bitfault.stored_faults import TensorWords
 
 
@@ -145,21 +145,13 @@ class CampaignResult:
 
     def summary(self, metric: str = "accuracy",
                 confidence: float = 0.95) -> list[dict[str, Any]]:
-        """Across chips: one row per (kind, ber, target, bit) with ``stats.summarize`` fields;
-        a bounded metric (accuracy, robust error) gets an interval inside its bounds."""
-        groups: dict[tuple, list[float]] = {}
+        """Across chips: ``summary_rows`` of ``metric`` (a bounded one, such as accuracy or
+        cosine, gets an interval inside its bounds; a chip where it is not finite is counted
+        in ``non_finite``, never averaged)."""
         for r in self.records:
             if metric not in r.metrics:
                 raise KeyError(f"metric {metric!r} not recorded; have {sorted(r.metrics)}")
-            key = (r.kind, r.ber, r.target if r.kind != "single" else None,
-                   r.bit if r.kind == "bit" else None)
-            groups.setdefault(key, []).append(float(r.metrics[metric]))
-        rows = []
-        for (kind, ber, target, bit), values in sorted(groups.items(), key=lambda kv: str(kv[0])):
-            rows.append({"kind": kind, "ber": ber, "target": target, "bit": bit,
-                         "metric": metric,
-                         **summarize(values, confidence, metric_bounds(metric)).to_dict()})
-        return rows
+        return summary_rows(self.records, metric, confidence)
 
     def to_json(self) -> str:
         return json.dumps({"clean": self.clean, "ran": self.ran, "skipped": self.skipped,
@@ -387,5 +379,4 @@ def _progress(progress: bool | Callable[[int, int], None] | None, total: int,
 
 
 __all__ = ["CampaignResult", "campaign_digest", "evaluate_trials", "memory_outcomes", "run",
-           "trial_maps",
-           "versions"]
+           "trial_maps", "versions"]

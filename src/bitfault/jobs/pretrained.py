@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bitfault.config import ConfigError, RunConfig, targets_value
-from bitfault.config.pretrained import CAUSAL_METRICS, LEE
+from bitfault.config.pretrained import CAUSAL_METRICS, LEE, with_local_paths
 from bitfault.errors import ArgumentError
 from bitfault.memory import Memory
 from bitfault.recipes import Recipe
@@ -177,6 +177,7 @@ def plan_pretrained(config: RunConfig) -> list[Plan]:
     """Load the model and data once; one checked plan per recipe (nothing written)."""
     from bitfault.jobs.summary import build_trials
 
+    config = with_local_paths(config)
     check_paths(config)
     pairs = load_pairs(config) if config.metric == "similarity" else None
     tokenizer = load_tokenizer(config)

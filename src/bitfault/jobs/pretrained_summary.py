@@ -9,7 +9,6 @@ share of trials masked / non-finite / corrupted with Wilson intervals.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -17,32 +16,9 @@ from bitfault.config import CampaignConfig
 from bitfault.formats import GGUF
 from bitfault.jobs.summary import build_trials, read_records
 from bitfault.memory import Memory
-from bitfault.stats import summarize
+from bitfault.stats import summary_rows
 
-BOUNDED = {"next_token_agreement": (0.0, 1.0), "next_token_accuracy": (0.0, 1.0),
-           "spearman": (-1.0, 1.0)}
 GGUF_FILE = "gguf file"  # an entry's "format" for a GGUF file's own storage
-
-
-def metric_rows(records: list[Any], key: str, confidence: float = 0.95) -> list[dict[str, Any]]:
-    """One row per (kind, ber, target, bit): ``stats.summarize`` of ``key`` over the chips
-    where it is finite (``n``), with ``chips`` and ``non_finite`` counts; a group without
-    a finite value has ``n`` 0 and no statistics."""
-    groups: dict[tuple, list[float]] = {}
-    for r in records:
-        k = (r.kind, r.ber, r.target, r.bit if r.kind == "bit" else None)
-        value = r.metrics.get(key)
-        groups.setdefault(k, []).append(math.nan if value is None else float(value))
-    rows = []
-    for (kind, ber, target, bit), values in sorted(groups.items(), key=lambda kv: str(kv[0])):
-        finite = [v for v in values if math.isfinite(v)]
-        row: dict[str, Any] = {"kind": kind, "ber": ber, "target": target, "bit": bit,
-                               "metric": key, "chips": len(values),
-                               "non_finite": len(values) - len(finite), "n": len(finite)}
-        if finite:
-            row.update(summarize(finite, confidence, BOUNDED.get(key)).to_dict())
-        rows.append(row)
-    return rows
 
 
 def trial_memory(fmt: Any, c: CampaignConfig) -> Memory:
@@ -59,7 +35,7 @@ def pretrained_entry(c: CampaignConfig, fmt: Any, keys: tuple[str, ...],
 
     trials = build_trials(c, trial_memory(fmt, c), shapes)
     records = read_records(store, {t.key for t in trials})
-    rows = metric_rows(records, keys[0])
+    rows = summary_rows(records, keys[0])
     rate_records = [r for r in records if r.kind == "rate"]
     return {
         "format": fmt, "value": keys[0], "clean": clean,
@@ -68,7 +44,7 @@ def pretrained_entry(c: CampaignConfig, fmt: Any, keys: tuple[str, ...],
         "rate": [r for r in rows if r["kind"] == "rate"],
         "layer": [r for r in rows if r["kind"] == "layer"],
         "bit": [r for r in rows if r["kind"] == "bit"],
-        "curves": {k: metric_rows(rate_records, k) for k in keys},
+        "curves": {k: summary_rows(rate_records, k) for k in keys},
         "outcomes": outcome_summary(rate_records) if rate_records else []}
 
 
@@ -84,6 +60,12 @@ def refresh_entry(entry: dict[str, Any], c: CampaignConfig, keys: tuple[str, ...
     return fresh
 
 
+def _cell(text: str) -> str:
+    """A column: one space, then ``text`` right-aligned in 18 (``3.751e+153 (4 inf)`` fills
+    them)."""
+    return " " + text.rjust(18)
+
+
 def format_metric_table(summary: dict[str, Any]) -> str:
     """Plain text: one row per recipe, the clean value then the headline's mean per rate
     (over the chips where it is finite; ``(k inf)`` counts the others)."""
@@ -96,22 +78,22 @@ def format_metric_table(summary: dict[str, Any]) -> str:
     width = max([len("model")] + [len(n) for n in models]) + 2
     lines = [f"mean {value.replace('_', ' ')} over simulated chips (finite chips), by bit "
              "error rate", "model".ljust(width) + "no faults".rjust(12)
-             + "".join(label.rjust(18) for label in labels)]
+             + "".join(_cell(label) for label in labels)]
     for name, m in models.items():
         by = {r["ber"]: r for r in m["rate"]}
         cells = []
         for b in bers:
             r = by.get(b)
             if r is None or not r["n"]:
-                cells.append(("-" if r is None else f"({r['non_finite']} inf)").rjust(18))
+                cells.append(_cell("-" if r is None else f"({r['non_finite']} inf)"))
                 continue
             extra = f" ({r['non_finite']} inf)" if r["non_finite"] else ""
-            cells.append(f"{r['mean']:.4g}{extra}".rjust(18))
+            cells.append(_cell(f"{r['mean']:.4g}{extra}"))
         clean = m["clean"].get(value)
         lines.append(name.ljust(width) + (f"{clean:12.4g}" if isinstance(clean, (int, float))
                                           else "-".rjust(12)) + "".join(cells))
     return "\n".join(lines)
 
 
-__all__ = ["GGUF_FILE", "format_metric_table", "metric_rows", "pretrained_entry",
+__all__ = ["GGUF_FILE", "format_metric_table", "pretrained_entry",
            "refresh_entry", "trial_memory"]
