@@ -167,6 +167,11 @@ METRIC_BOUNDS: dict[str, tuple[float, float]] = {**dict.fromkeys(_SHARES, (0.0, 
 and rank correlations in [-1, 1] (their summaries get an interval inside it)."""
 
 
+HIGHER_IS_WORSE = frozenset({"perplexity", "kl", "loss", "robust_error", "non_finite",
+                             "corrupted"})
+"""Metric values where a larger value is the worse one (the worst chip is the maximum)."""
+
+
 def metric_bounds(metric: str) -> tuple[float, float] | None:
     """The range of one of bitfault's metric values (``METRIC_BOUNDS``); None if unbounded
     or unknown (loss, perplexity, KL)."""
@@ -338,6 +343,7 @@ def fault_injection_sample_size(population: int, margin: float = 0.01,
     return min(int(population), math.ceil(n - 1e-9))
 
 
-__all__ = ["METRIC_BOUNDS", "Summary", "bounded_mean_interval", "fault_injection_sample_size",
-           "format_rate", "format_rates", "metric_bounds", "normal_quantile", "robust_error",
-           "summarize", "summary_rows", "t_quantile", "wilson_interval"]
+__all__ = ["HIGHER_IS_WORSE", "METRIC_BOUNDS", "Summary", "bounded_mean_interval",
+           "fault_injection_sample_size", "format_rate", "format_rates", "metric_bounds",
+           "normal_quantile", "robust_error", "summarize", "summary_rows", "t_quantile",
+           "wilson_interval"]

@@ -69,14 +69,15 @@ def make_pretrained_report(rd: RunDir, config: RunConfig, reporter: Reporter
     figures: list[tuple[str, str]] = []
     what = rate_name(c.fault)
     for key in keys:
-        rows = {n: [r for r in m["curves"][key] if r["n"]] for n, m in models.items()}
-        if not any(rows.values()):
+        rows = {n: list(m["curves"][key]) for n, m in models.items()}
+        if not any(r["n"] for rs in rows.values() for r in rs):
             continue
         clean = {n: m["clean"][key] for n, m in models.items() if _finite(m["clean"].get(key))}
         out[f"rate_{key}"] = plot_rate_sweep(rows, os.path.join(out_dir, f"rate_{key}.png"),
                                              metric=key, clean=clean, fault=c.fault)
         figures.append((f"{key.replace('_', ' ')} vs {what}: mean over the chips where it is "
-                        "finite, 95% band of the mean, worst chip dotted, no faults dashed.",
+                        "finite, 95% band of the mean, worst chip dotted, no faults dashed; x: "
+                        "no chip finite at that rate.",
                         out[f"rate_{key}"]))
     layer_tables = []
     stems = file_stems(list(models))

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from bitfault.report.labels import rate_label, rate_name
-from bitfault.stats import format_rates
+from bitfault.stats import HIGHER_IS_WORSE, format_rates, metric_bounds
 
 
 def _pyplot() -> Any:
@@ -41,25 +41,44 @@ def plot_rate_sweep(curves: Mapping[str, Sequence[Mapping[str, Any]]],
 
     ``curves[model]`` holds summary rows with ``ber``, ``mean``, ``ci_low``,
     ``ci_high``, ``min`` and ``max``; ``clean[model]`` draws the fault-free value,
-    ``chance`` a grey chance-level line; ``fault`` (the fault model) names the axis.
+    ``chance`` a grey chance-level line; ``fault`` (the fault model) names the axis. The
+    worst chip is the minimum, or the maximum where a higher value is worse
+    (``stats.HIGHER_IS_WORSE``: perplexity, KL); a row without a finite value (``n`` 0:
+    every chip's value was NaN or infinite) is marked with an x on the top edge; an
+    unbounded positive metric spanning 100x or more (perplexity) gets a log axis.
     """
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     rates: set[float] = set()
+    worst = "max" if metric in HIGHER_IS_WORSE else "min"
+    drawn: list[float] = []
+    lost: list[tuple[float, str]] = []
     for i, (model, rows) in enumerate(curves.items()):
         rows = sorted((r for r in rows if r["ber"] and r["ber"] > 0), key=lambda r: r["ber"])
+        rates.update(float(r["ber"]) for r in rows)
+        color = f"C{i}"
+        lost += [(float(r["ber"]), color) for r in rows if not _has_value(r)]
+        rows = [r for r in rows if _has_value(r)]
+        if clean and model in clean:
+            ax.axhline(clean[model], color=color, linestyle="--", linewidth=1)
+            drawn.append(clean[model])
         if not rows:
             continue
         ber = np.array([r["ber"] for r in rows])
-        rates.update(float(b) for b in ber)
-        mean = np.array([r["mean"] for r in rows])
-        color = f"C{i}"
-        ax.plot(ber, mean, "o-", color=color, label=f"{model} (mean over chips)")
-        ax.fill_between(ber, [r["ci_low"] for r in rows], [r["ci_high"] for r in rows],
-                        color=color, alpha=0.25, linewidth=0)
-        ax.plot(ber, [r["min"] for r in rows], ":", color=color, linewidth=1)
-        if clean and model in clean:
-            ax.axhline(clean[model], color=color, linestyle="--", linewidth=1)
+        band = [[r["ci_low"] for r in rows], [r["ci_high"] for r in rows]]
+        ax.plot(ber, [r["mean"] for r in rows], "o-", color=color,
+                label=f"{model} (mean over chips)")
+        ax.fill_between(ber, *band, color=color, alpha=0.25, linewidth=0)
+        ax.plot(ber, [r[worst] for r in rows], ":", color=color, linewidth=1)
+        drawn += [v for r in rows for v in (r["mean"], r[worst], r["ci_low"], r["ci_high"])]
+    values = np.array([v for v in drawn if v is not None and np.isfinite(v)], np.float64)
+    if (metric_bounds(metric) is None and values.size and values.min() > 0
+            and values.max() >= 100 * values.min()):
+        ax.set_yscale("log")
+    if lost:
+        ax.scatter([b for b, _ in lost], [1.0] * len(lost), marker="x", s=60, clip_on=False,
+                   c=[c for _, c in lost], transform=ax.get_xaxis_transform(), zorder=3,
+                   label="no chip finite (every value NaN or infinite)")
     if chance is not None:
         ax.axhline(chance, color="0.4", linestyle="-.", linewidth=1,
                    label=f"chance level ({chance:.3g})")
@@ -74,6 +93,12 @@ def plot_rate_sweep(curves: Mapping[str, Sequence[Mapping[str, Any]]],
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=8)
     return _save(fig, path)
+
+
+def _has_value(row: Mapping[str, Any]) -> bool:
+    """Whether a summary row holds statistics (``n`` > 0 and a finite mean)."""
+    mean = row.get("mean")
+    return bool(row.get("n", 1)) and mean is not None and bool(np.isfinite(mean))
 
 
 def _rate_ticks(ax: Any, rates: Sequence[float]) -> None:

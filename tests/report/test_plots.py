@@ -1,0 +1,62 @@
+"""plot_rate_sweep draws what the rows say: the worst chip by the metric's direction, a log
+axis for perplexities spanning orders of magnitude, a mark where no chip was finite."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("matplotlib")
+
+from bitfault.report import plots  # noqa: E402
+
+
+def _row(ber: float, values: list[float]) -> dict[str, Any]:
+    v = np.array(values)
+    return {"ber": ber, "n": len(v), "mean": float(v.mean()), "ci_low": float(v.min()),
+            "ci_high": float(v.max()), "min": float(v.min()), "max": float(v.max())}
+
+
+def _drawn(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, metric: str,
+           rows: list[dict[str, Any]], clean: float) -> Any:
+    """The axes plot_rate_sweep would save (captured instead of written)."""
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig) or str(path))
+    plots.plot_rate_sweep({"m": rows}, tmp_path / "r.png", metric=metric, clean={"m": clean})
+    (fig,) = figures
+    (ax,) = fig.axes
+    return ax
+
+
+def test_perplexity_worst_chip_is_the_highest_and_its_axis_is_log(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    rows = [_row(1e-6, [20.0, 25.0, 4e5]), _row(1e-5, [30.0, 9e7]),
+            {"ber": 1e-4, "n": 0, "chips": 3, "non_finite": 3}]
+    ax = _drawn(monkeypatch, tmp_path, "perplexity", rows, 19.5)
+    assert ax.get_yscale() == "log"
+    dotted = [ln for ln in ax.get_lines() if ln.get_linestyle() == ":"]
+    assert [list(ln.get_ydata()) for ln in dotted] == [[4e5, 9e7]]
+    mean = [ln for ln in ax.get_lines() if ln.get_linestyle() == "-"]
+    assert list(mean[0].get_xdata()) == [1e-6, 1e-5]  # the all-infinite rate has no point
+    (marks,) = ax.collections[1:]  # after the band: the x of the rate with no finite chip
+    assert [list(p) for p in marks.get_offsets()] == [[1e-4, 1.0]]
+    assert "no chip finite" in ax.get_legend_handles_labels()[1][-1]
+
+
+def test_accuracy_worst_chip_is_the_lowest_on_a_linear_axis(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    rows = [_row(1e-3, [0.97, 0.95]), _row(1e-2, [0.5, 0.01])]
+    ax = _drawn(monkeypatch, tmp_path, "accuracy", rows, 0.98)
+    assert ax.get_yscale() == "linear"  # bounded: never log, though it spans 98x
+    dotted = [ln for ln in ax.get_lines() if ln.get_linestyle() == ":"]
+    assert [list(ln.get_ydata()) for ln in dotted] == [[0.95, 0.01]]
+    assert len(ax.collections) == 1  # the band only: every rate has a finite chip
+
+
+def test_a_narrow_perplexity_range_stays_linear(monkeypatch: pytest.MonkeyPatch,
+                                                tmp_path: Path) -> None:
+    ax = _drawn(monkeypatch, tmp_path, "perplexity", [_row(1e-6, [20.0, 21.0])], 19.5)
+    assert ax.get_yscale() == "linear"
