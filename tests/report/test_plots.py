@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from bitfault.report import plots  # noqa: E402
+from bitfault.report import plots
 
 
 def _row(ber: float, values: list[float]) -> dict[str, Any]:
@@ -33,10 +33,12 @@ def _drawn(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, metric: str,
 
 def test_perplexity_worst_chip_is_the_highest_and_its_axis_is_log(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    rows = [_row(1e-6, [20.0, 25.0, 4e5]), _row(1e-5, [30.0, 9e7]),
+    rows = [_row(1e-6, [20.0, 25.0, 4e5]), {**_row(1e-5, [30.0, 9e7]), "ci_low": -4e8},
             {"ber": 1e-4, "n": 0, "chips": 3, "non_finite": 3}]
     ax = _drawn(monkeypatch, tmp_path, "perplexity", rows, 19.5)
-    assert ax.get_yscale() == "log"
+    assert ax.get_yscale() == "log"  # though the t interval at 1e-5 reaches below 0
+    (band,) = ax.collections[:1]
+    assert band.get_paths()[0].vertices[:, 1].min() == 20.0  # cut at the lowest chip
     dotted = [ln for ln in ax.get_lines() if ln.get_linestyle() == ":"]
     assert [list(ln.get_ydata()) for ln in dotted] == [[4e5, 9e7]]
     mean = [ln for ln in ax.get_lines() if ln.get_linestyle() == "-"]

@@ -45,13 +45,16 @@ def plot_rate_sweep(curves: Mapping[str, Sequence[Mapping[str, Any]]],
     worst chip is the minimum, or the maximum where a higher value is worse
     (``stats.HIGHER_IS_WORSE``: perplexity, KL); a row without a finite value (``n`` 0:
     every chip's value was NaN or infinite) is marked with an x on the top edge; an
-    unbounded positive metric spanning 100x or more (perplexity) gets a log axis.
+    unbounded positive metric spanning 100x or more (perplexity) gets a log axis, where a
+    band reaching 0 or below (a t interval of heavy-tailed values) starts at the lowest
+    chip instead.
     """
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     rates: set[float] = set()
     worst = "max" if metric in HIGHER_IS_WORSE else "min"
     drawn: list[float] = []
+    plotted: list[tuple[str, str, list[Mapping[str, Any]]]] = []
     lost: list[tuple[float, str]] = []
     for i, (model, rows) in enumerate(curves.items()):
         rows = sorted((r for r in rows if r["ber"] and r["ber"] > 0), key=lambda r: r["ber"])
@@ -62,18 +65,21 @@ def plot_rate_sweep(curves: Mapping[str, Sequence[Mapping[str, Any]]],
         if clean and model in clean:
             ax.axhline(clean[model], color=color, linestyle="--", linewidth=1)
             drawn.append(clean[model])
-        if not rows:
-            continue
+        if rows:
+            drawn += [v for r in rows for v in (r["mean"], r[worst], r["ci_high"])]
+            plotted.append((model, color, rows))
+    values = np.array([v for v in drawn if v is not None and np.isfinite(v)], np.float64)
+    log = bool(metric_bounds(metric) is None and values.size and values.min() > 0
+               and values.max() >= 100 * values.min())
+    for model, color, rows in plotted:
         ber = np.array([r["ber"] for r in rows])
-        band = [[r["ci_low"] for r in rows], [r["ci_high"] for r in rows]]
+        low = [r["ci_low"] if not log or r["ci_low"] > 0 else r["min"] for r in rows]
         ax.plot(ber, [r["mean"] for r in rows], "o-", color=color,
                 label=f"{model} (mean over chips)")
-        ax.fill_between(ber, *band, color=color, alpha=0.25, linewidth=0)
-        ax.plot(ber, [r[worst] for r in rows], ":", color=color, linewidth=1)
-        drawn += [v for r in rows for v in (r["mean"], r[worst], r["ci_low"], r["ci_high"])]
-    values = np.array([v for v in drawn if v is not None and np.isfinite(v)], np.float64)
-    if (metric_bounds(metric) is None and values.size and values.min() > 0
-            and values.max() >= 100 * values.min()):
+        ax.fill_between(ber, low, [r["ci_high"] for r in rows], color=color, alpha=0.25,
+                        linewidth=0)
+        ax.plot(ber, [r[worst] for r in rows], ":", marker=".", color=color, linewidth=1)
+    if log:
         ax.set_yscale("log")
     if lost:
         ax.scatter([b for b, _ in lost], [1.0] * len(lost), marker="x", s=60, clip_on=False,
@@ -87,8 +93,8 @@ def plot_rate_sweep(curves: Mapping[str, Sequence[Mapping[str, Any]]],
     what = metric.replace("_", " ")
     ax.set_xlabel(rate_label(fault))
     ax.set_ylabel(what)
-    ax.set_title(f"{what} vs {rate_name(fault)} (band: 95% CI of the mean; dotted: worst "
-                 "chip; dashed: no faults)")
+    ax.set_title(textwrap.fill(f"{what} vs {rate_name(fault)} (band: 95% CI of the mean; "
+                               "dotted: worst chip; dashed: no faults)", 95))
     ax.title.set_fontsize(9)
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=8)
