@@ -69,7 +69,7 @@ def make_pretrained_report(rd: RunDir, config: RunConfig, reporter: Reporter
     figures: list[tuple[str, str]] = []
     what = rate_name(c.fault)
     for key in keys:
-        rows = {n: list(m["curves"][key]) for n, m in models.items()}
+        rows = {n: m["curves"][key] for n, m in models.items()}
         if not any(r["n"] for rs in rows.values() for r in rs):
             continue
         clean = {n: m["clean"][key] for n, m in models.items() if _finite(m["clean"].get(key))}
