@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import warnings
 from fractions import Fraction
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -14,10 +15,13 @@ from bitfault.stats import (
     fault_injection_sample_size,
     format_rate,
     format_rates,
+    headline_stat,
     metric_bounds,
+    metric_range,
     normal_quantile,
     robust_error,
     summarize,
+    summary_rows,
     t_quantile,
     wilson_interval,
 )
@@ -144,7 +148,7 @@ def test_bounded_interval_errors() -> None:
 
 def test_every_bounded_metric_value_has_its_range() -> None:
     for share in ("accuracy", "agreement", "next_token_accuracy", "next_token_agreement",
-                  "masked", "non_finite", "corrupted"):
+                  "masked", "benign", "sdc", "non_finite", "corrupted"):
         assert metric_bounds(share) == (0.0, 1.0)
     for corr in ("cosine", "cosine_min", "spearman"):
         assert metric_bounds(corr) == (-1.0, 1.0)
@@ -152,6 +156,23 @@ def test_every_bounded_metric_value_has_its_range() -> None:
     # a cosine interval near 1 stays at or below 1 (Student's t alone passes it)
     s = summarize([0.9999, 0.9996, 1.0], bounds=metric_bounds("cosine"))
     assert s.ci_high <= 1.0 and s.ci_method == "wilson_effective_n"
+
+
+def test_heavy_tailed_perplexity_headlines_the_median_and_stays_above_one() -> None:
+    # SmolLM2 at 1e-8: most chips keep the fault-free 37.46, one flipped exponent gives 1e7
+    records = [SimpleNamespace(kind="rate", ber=1e-8, target=None, bit=None,
+                               metrics={"perplexity": v}) for v in (37.4, 37.5, 1e7)]
+    (row,) = summary_rows(records, "perplexity")
+    assert headline_stat("perplexity") == "median" and row["median"] == 37.5
+    assert row["ci_low"] == 1.0 and row["ci_method"] == "student_t_clipped"  # t says -1.4e7
+    assert row["mean"] == pytest.approx((37.4 + 37.5 + 1e7) / 3)  # kept for the full table
+    assert headline_stat("kl") == "median" and headline_stat("accuracy") == "mean"
+    assert metric_range("perplexity") == (1.0, math.inf) and metric_range("kl")[0] == 0.0
+    (kl,) = summary_rows([SimpleNamespace(**{**vars(r), "metrics": {"kl": v}}) for r, v in
+                          zip(records, (-1e-17, 0.0, 9.0), strict=True)], "kl")
+    assert kl["ci_low"] == -1e-17 and kl["n"] == 3  # never past the lowest value, no error
+    one = summarize([42.0], bounds=(1.0, math.inf))
+    assert (one.ci_low, one.ci_high) == (1.0, math.inf)
 
 
 def _exact_mean_std(values: list[float]) -> tuple[float, float]:

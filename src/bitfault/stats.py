@@ -4,7 +4,10 @@
 - ``summarize``: across chips, mean, std, min, max, percentiles and a confidence
   interval of the mean: Student-t, or for a metric bounded in [lo, hi] (accuracy in
   [0, 1]) a Wilson score interval at the chips' effective sample size, inside the bounds.
-- ``metric_bounds``: the bounds of bitfault's own metric values (shares, cosines...).
+- ``metric_bounds``: the bounds of bitfault's own metric values (shares, cosines...);
+  ``metric_range`` adds the floors of unbounded ones (perplexity >= 1, KL >= 0).
+- ``headline_stat``: what a table or plot headlines for a metric: the median for the
+  heavy-tailed ones (``HEAVY_TAILED``: perplexity, KL), the mean for the others.
 - ``summary_rows``: ``summarize`` of one value of trial records per (kind, rate, target,
   bit), over the chips where it is finite (the others counted).
 - ``format_rates``: the shortest labels that keep a sweep's distinct rates distinct.
@@ -159,7 +162,8 @@ class Summary:
 
 
 _SHARES = ("accuracy", "robust_error", "agreement", "next_token_accuracy",
-           "next_token_agreement", "masked", "non_finite", "corrupted", "detected")
+           "next_token_agreement", "masked", "benign", "sdc", "non_finite", "corrupted",
+           "detected")
 _CORRELATIONS = ("cosine", "cosine_min", "spearman", "spearman_clean")
 METRIC_BOUNDS: dict[str, tuple[float, float]] = {**dict.fromkeys(_SHARES, (0.0, 1.0)),
                                                  **dict.fromkeys(_CORRELATIONS, (-1.0, 1.0))}
@@ -168,14 +172,38 @@ and rank correlations in [-1, 1] (their summaries get an interval inside it)."""
 
 
 HIGHER_IS_WORSE = frozenset({"perplexity", "kl", "loss", "robust_error", "non_finite",
-                             "corrupted"})
+                             "corrupted", "sdc"})
 """Metric values where a larger value is the worse one (the worst chip is the maximum)."""
+
+METRIC_FLOORS: dict[str, float] = {"perplexity": 1.0, "kl": 0.0}
+"""The lower end of unbounded metric values (perplexity >= 1, KL divergence >= 0): their
+intervals never reach below it."""
+
+HEAVY_TAILED = frozenset({"perplexity", "kl"})
+"""Unbounded values whose spread over chips is heavy-tailed (one flipped exponent puts one
+chip's perplexity at 1e6 while the others keep the fault-free 37): tables and plots
+headline their median and quartiles (``headline_stat``); the mean stays in full tables."""
 
 
 def metric_bounds(metric: str) -> tuple[float, float] | None:
     """The range of one of bitfault's metric values (``METRIC_BOUNDS``); None if unbounded
     or unknown (loss, perplexity, KL)."""
     return METRIC_BOUNDS.get(metric)
+
+
+def metric_range(metric: str) -> tuple[float, float] | None:
+    """``metric_bounds``, or for an unbounded value with a floor (``METRIC_FLOORS``) the
+    half-open range ``(floor, inf)``; None if unknown (loss, a user's metric)."""
+    bounds = metric_bounds(metric)
+    if bounds is None and metric in METRIC_FLOORS:
+        return METRIC_FLOORS[metric], math.inf
+    return bounds
+
+
+def headline_stat(metric: str) -> str:
+    """The statistic over chips a table or plot headlines for ``metric``: "median" for a
+    heavy-tailed value (``HEAVY_TAILED``), else "mean"."""
+    return "median" if metric in HEAVY_TAILED else "mean"
 
 
 def _overflow_safe(v: np.ndarray, stat: Callable[[np.ndarray], float]) -> float:
@@ -195,8 +223,11 @@ def _check_bounds(bounds: Any, v: np.ndarray) -> tuple[float, float]:
         lo, hi = (float(b) for b in bounds)
     except (TypeError, ValueError):
         raise ValueError(f"bounds must be None or (lo, hi) with lo < hi, got {bounds!r}") from None
-    if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
-        raise ValueError(f"bounds must be None or (lo, hi) with lo < hi, got {bounds!r}")
+    if math.isnan(lo) or math.isnan(hi) or not lo < hi or (math.isinf(lo) and math.isinf(hi)):
+        raise ValueError(f"bounds must be None or (lo, hi) with lo < hi, one of them finite, "
+                         f"got {bounds!r}")
+    if math.isinf(lo) or math.isinf(hi):
+        return lo, hi  # a half-open range: the values are not checked (a KL of -1e-17)
     if v.min() < lo or v.max() > hi:
         raise ValueError(f"values must lie within bounds [{lo:g}, {hi:g}], got "
                          f"[{v.min():g}, {v.max():g}]")
@@ -235,7 +266,9 @@ def summarize(values: Any, confidence: float = 0.95,
     """Summary of per-chip values (std with ddof=1) and a CI of their mean.
 
     Without ``bounds``: Student's t. With ``bounds=(lo, hi)`` (every value must lie in
-    them): ``bounded_mean_interval``, which stays inside them.
+    them): ``bounded_mean_interval``, which stays inside them. With a half-open range
+    (``(1, inf)`` for perplexity): Student's t cut at its finite end (or at the lowest
+    value, if one lies past it), ``ci_method`` "student_t_clipped" where it was cut.
     """
     _check_confidence(confidence)
     v = np.asarray(values, dtype=np.float64).ravel()
@@ -247,7 +280,7 @@ def summarize(values: Any, confidence: float = 0.95,
     mean = _overflow_safe(v, np.mean)
     std = _overflow_safe(v, lambda x: x.std(ddof=1)) if v.size > 1 else 0.0
     p = np.percentile(v, [5, 25, 50, 75, 95])
-    if limits is not None:
+    if limits is not None and all(map(math.isfinite, limits)):
         mean = min(limits[1], max(limits[0], mean))  # a float sum can step past a bound
         low, high = bounded_mean_interval(mean, std, int(v.size), *limits, confidence)
         method = "wilson_effective_n"
@@ -255,8 +288,19 @@ def summarize(values: Any, confidence: float = 0.95,
         half = (t_quantile(0.5 + confidence / 2.0, v.size - 1) * std / math.sqrt(v.size)
                 if v.size > 1 else math.inf)
         low, high, method = mean - half, mean + half, "student_t"
+        if limits is not None:  # never past the range, nor past a value that lies there
+            cut = (max(low, min(limits[0], float(v.min()))),
+                   min(high, max(limits[1], float(v.max()))))
+            if cut != (low, high):
+                low, high, method = *cut, "student_t_clipped"
     return Summary(int(v.size), mean, std, float(v.min()), float(v.max()), *map(float, p),
                    low, high, confidence, method)
+
+
+SUMMARY_COLUMNS = ("kind", "ber", "target", "bit", "metric", "chips", "non_finite", "n",
+                   "mean", "std", "min", "max", "p5", "p25", "median", "p75", "p95", "ci_low",
+                   "ci_high", "confidence", "ci_method")
+"""The columns of a ``summary_rows`` row (a group without a finite chip stops at ``n``)."""
 
 
 def summary_rows(records: Sequence[Any], metric: str, confidence: float = 0.95
@@ -266,7 +310,8 @@ def summary_rows(records: Sequence[Any], metric: str, confidence: float = 0.95
     target): ``stats.summarize`` of ``metric`` over the chips where it is finite (``n``;
     bounded values, ``stats.METRIC_BOUNDS``, get an interval inside their bounds), with
     ``chips`` and ``non_finite`` counts (a record without ``metric`` counts as not finite);
-    a group without a finite value has ``n`` 0 and no statistics."""
+    a group without a finite value has ``n`` 0 and no statistics. A value with a floor
+    (``metric_range``: perplexity, KL) gets an interval that never reaches below it."""
     groups: dict[tuple, list[float]] = {}
     for r in records:
         key = (r.kind, r.ber, r.target if r.kind != "single" else None,
@@ -280,7 +325,7 @@ def summary_rows(records: Sequence[Any], metric: str, confidence: float = 0.95
                                "metric": metric, "chips": len(values),
                                "non_finite": len(values) - len(finite), "n": len(finite)}
         if finite:
-            row.update(summarize(finite, confidence, metric_bounds(metric)).to_dict())
+            row.update(summarize(finite, confidence, metric_range(metric)).to_dict())
         rows.append(row)
     return rows
 
@@ -343,7 +388,8 @@ def fault_injection_sample_size(population: int, margin: float = 0.01,
     return min(int(population), math.ceil(n - 1e-9))
 
 
-__all__ = ["HIGHER_IS_WORSE", "METRIC_BOUNDS", "Summary", "bounded_mean_interval",
-           "fault_injection_sample_size", "format_rate", "format_rates", "metric_bounds",
+__all__ = ["HEAVY_TAILED", "HIGHER_IS_WORSE", "METRIC_BOUNDS", "METRIC_FLOORS",
+           "SUMMARY_COLUMNS", "Summary", "bounded_mean_interval", "fault_injection_sample_size",
+           "format_rate", "format_rates", "headline_stat", "metric_bounds", "metric_range",
            "normal_quantile", "robust_error", "summarize", "summary_rows", "t_quantile",
            "wilson_interval"]

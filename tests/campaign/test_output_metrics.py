@@ -8,7 +8,13 @@ import numpy as np
 import pytest
 
 import bitfault as bf
-from bitfault.campaign.metrics import OutputMetric, make_records, outcome, outcome_summary
+from bitfault.campaign.metrics import (
+    OutputMetric,
+    make_records,
+    outcome,
+    outcome_summary,
+    trial_outcome,
+)
 from bitfault.stats import wilson_interval
 
 
@@ -38,7 +44,7 @@ def test_agreement_kl_and_accuracy():
     p = np.exp(clean[1]) / np.exp(clean[1]).sum()
     q = np.exp(faulty[1]) / np.exp(faulty[1]).sum()
     assert v["kl"] == pytest.approx(np.sum(p * np.log(p / q)) / 3)
-    assert (v["masked"], v["non_finite"], v["corrupted"]) == (0, 0, 1)
+    assert (v["masked"], v["benign"], v["sdc"], v["non_finite"]) == (0, 0, 1, 0)
     agree = OutputMetric("agreement")
     assert agree(labels, None, make_records(agree, faulty, clean, None))["agreement"] == \
         pytest.approx(2 / 3)
@@ -62,25 +68,67 @@ def test_cosine_of_an_embedding_with_itself_is_at_most_one():
     assert np.all(OutputMetric("cosine").record(-x, x, None)["cosine"] >= -1.0)
 
 
-def test_outcomes_masked_non_finite_corrupted():
+def test_outcomes_masked_non_finite_benign_sdc():
     m = OutputMetric("agreement")
     clean = np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)
     assert outcome(make_records(m, clean.copy(), clean, None))["masked"] == 1
     nan = clean.copy()
     nan[1, 0] = np.nan
-    assert outcome(make_records(m, nan, clean, None)) == {"masked": 0, "non_finite": 1,
-                                                          "corrupted": 0}
+    assert outcome(make_records(m, nan, clean, None)) == {"masked": 0, "benign": 0, "sdc": 0,
+                                                          "non_finite": 1}
     off = clean.copy()
-    off[0, 1] = np.nextafter(np.float32(2), np.float32(3))  # one ulp: not masked
-    assert outcome(make_records(m, off, clean, None)) == {"masked": 0, "non_finite": 0,
-                                                          "corrupted": 1}
-    rows = [SimpleNamespace(kind="rate", ber=0.1, target=None, bit=None, metrics=o) for o in
-            [{"masked": 1, "non_finite": 0, "corrupted": 0}] * 3 +
-            [{"masked": 0, "non_finite": 1, "corrupted": 0}]]
+    off[0, 1] = np.nextafter(np.float32(2), np.float32(3))  # one ulp: not masked, same top-1
+    assert outcome(make_records(m, off, clean, None)) == {"masked": 0, "benign": 1, "sdc": 0,
+                                                          "non_finite": 0}
+    flipped = clean.copy()
+    flipped[1, 0] = 5.0  # row 1's top-1 moves: a decision changed
+    assert outcome(make_records(m, flipped, clean, None)) == {"masked": 0, "benign": 0,
+                                                              "sdc": 1, "non_finite": 0}
+
+
+def test_outcomes_of_a_language_model_and_of_embeddings():
+    lm = OutputMetric("language_model")
+    clean = np.log(np.array([[[0.5, 0.3, 0.2], [0.2, 0.5, 0.3]]]))
+    labels = np.array([[0, -100]])  # the second position is not scored
+    nudged = clean + np.array([0.0, 0.01, 0.0])  # no top-1 moves
+    assert lm(labels, None, make_records(lm, nudged, clean, labels))["benign"] == 1
+    unscored = clean.copy()
+    unscored[0, 1] = [1.0, 0.0, 0.0]  # top-1 moves where no token is scored: still benign
+    assert lm(labels, None, make_records(lm, unscored, clean, labels))["benign"] == 1
+    scored = clean.copy()
+    scored[0, 0] = [0.0, 1.0, 0.0]
+    assert lm(labels, None, make_records(lm, scored, clean, labels))["sdc"] == 1
+    emb = np.array([[1.0, 0.0], [0.0, 1.0]])
+    near = np.array([[1.0, 0.1], [0.0, 1.0]])  # cosine 0.995 to its clean embedding
+    for threshold, cls in ((0.99, "benign"), (0.999, "sdc")):
+        cos = OutputMetric("cosine", benign_cosine=threshold)
+        assert cos(None, None, make_records(cos, near, emb, None))[cls] == 1
+    with pytest.raises(bf.ArgumentError, match="benign_cosine"):
+        OutputMetric("cosine", benign_cosine=1.5)
+
+
+def test_outcome_summary_gives_every_class_and_reads_older_stores():
+    new = [{"masked": 1, "benign": 0, "sdc": 0, "non_finite": 0}] * 3 + [
+        {"masked": 0, "benign": 1, "sdc": 0, "non_finite": 0},
+        {"masked": 0, "benign": 0, "sdc": 1, "non_finite": 0},
+        {"masked": 0, "benign": 0, "sdc": 0, "non_finite": 1}]
+    rows = [SimpleNamespace(kind="rate", ber=0.1, target=None, bit=None, metrics=o) for o in new]
     (row,) = outcome_summary(rows)
-    assert row["masked"] == 0.75 and row["trials"] == 4
-    assert (row["masked_low"], row["masked_high"]) == wilson_interval(3, 4)
-    assert (row["non_finite_low"], row["non_finite_high"]) == wilson_interval(1, 4)
+    assert row["trials"] == 6 and row["masked"] == 0.5 and "detected" not in row
+    assert (row["benign"], row["sdc"], row["non_finite"]) == (1 / 6, 1 / 6, 1 / 6)
+    assert (row["masked_low"], row["masked_high"]) == wilson_interval(3, 6)
+    assert (row["sdc_low"], row["sdc_high"]) == wilson_interval(1, 6)
+    # a protection code that flagged a word wins over what the outputs show
+    assert trial_outcome({**new[4], "detected": 1}) == "detected"
+    # an older store recorded masked / non_finite / corrupted: classed by its decisions
+    old = {"masked": 0, "non_finite": 0, "corrupted": 1}
+    assert trial_outcome({**old, "agreement": 1.0}) == "benign"
+    assert trial_outcome({**old, "next_token_agreement": 0.98}) == "sdc"
+    assert trial_outcome({**old, "cosine_min": 0.995}) == "benign"
+    assert trial_outcome({**old, "cosine_min": 0.995}, benign_cosine=0.999) == "sdc"
+    assert trial_outcome({"masked": 0, "non_finite": 1, "corrupted": 0}) == "non_finite"
+    with pytest.raises(KeyError, match="OutputMetric"):
+        trial_outcome({"accuracy": 0.5})
 
 
 @pytest.mark.parametrize("kind,shape", [("accuracy", (4, 3, 5)), ("accuracy", (4,)),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import sqlite3
@@ -25,7 +26,7 @@ from bitfault.campaign import (
 )
 from bitfault.campaign.runner import CampaignResult
 from bitfault.campaign.store import TrialRecord
-from bitfault.stats import summary_rows
+from bitfault.stats import SUMMARY_COLUMNS, summary_rows
 
 MEMORY = bf.Memory(bf.IntQuant(8), bf.BitFlip())
 HERE = Path(__file__).parent
@@ -196,6 +197,31 @@ def test_summary_rows_count_non_finite_chips_and_never_average_them() -> None:
     assert agree["ci_high"] <= 1.0
     with pytest.raises(KeyError, match="not recorded"):
         result.summary("next_token_agreement")  # the single faults did not record it
+
+
+def test_summary_as_a_data_frame() -> None:
+    records = [_record("rate", 1e-8, c, {"perplexity": v}) for c, v in
+               enumerate([37.4, 37.5, 1e7])] + [_record("rate", 1e-6, 0, {"perplexity": math.inf})]
+    frame = CampaignResult(records).to_frame("perplexity")
+    assert list(frame.columns) == list(SUMMARY_COLUMNS) and len(frame) == 2
+    row = frame.set_index("ber").loc[1e-8]
+    assert row["median"] == 37.5 and row["ci_low"] == 1.0 and row["n"] == 3
+    lost = frame.set_index("ber").loc[1e-6]
+    assert lost["n"] == 0 and lost["non_finite"] == 1 and math.isnan(lost["median"])
+
+
+def test_outcomes_of_a_store_written_with_the_older_classes(tmp_path: Path) -> None:
+    old = [{"agreement": 1.0, "masked": 0, "non_finite": 0, "corrupted": 1},  # benign
+           {"agreement": 0.5, "masked": 0, "non_finite": 0, "corrupted": 1},  # sdc
+           {"agreement": 1.0, "masked": 1, "non_finite": 0, "corrupted": 0}]
+    with CampaignStore(tmp_path / "old.db", "c") as store:
+        store.add_many([{"trial_key": f"rate-{c}", "kind": "rate", "ber": 1e-3, "chip": c,
+                         "metrics": m} for c, m in enumerate(old)])
+    with CampaignStore(tmp_path / "old.db", "c") as store:
+        result = CampaignResult(list(store.records()))
+    (row,) = result.outcomes()
+    assert (row["masked"], row["benign"], row["sdc"], row["non_finite"]) == (1 / 3,) * 3 + (0,)
+    assert json.loads(result.to_json())["outcomes"] == [row]
 
 
 def _garble(path: Path, at: float) -> None:

@@ -120,7 +120,7 @@ def test_metric_scores_a_trial_and_the_clean_run() -> None:
     assert math.isclose(got["cosine"], sum(want_cos) / 5, rel_tol=1e-12)
     assert math.isclose(got["cosine_min"], min(want_cos), rel_tol=1e-12)
     assert got["pairs_nonfinite"] == 0
-    assert (got["masked"], got["non_finite"], got["corrupted"]) == (0, 0, 1)
+    assert (got["masked"], got["benign"], got["sdc"], got["non_finite"]) == (0, 0, 1, 0)
     clean = metric(None, clean_rec, clean_rec)
     assert clean["masked"] == 1 and clean["spearman"] == clean["spearman_clean"]
     # records of batches, concatenated as an evaluator does, score as one batch
@@ -141,7 +141,7 @@ def test_non_finite_embeddings_count_as_non_finite_trials() -> None:
     assert np.isnan(pair_cosines(faulty, pairs)[bad]).all()
     assert math.isclose(got["spearman"], _ref_value(np.where(
         np.arange(5)[:, None] == 3, np.nan, faulty), pairs, scores), rel_tol=1e-13)
-    assert (got["masked"], got["non_finite"], got["corrupted"]) == (0, 1, 0)
+    assert (got["masked"], got["sdc"], got["non_finite"]) == (0, 0, 1)
     every = np.full_like(emb, np.inf)
     all_bad = metric(None, make_records(metric, emb, emb, None),
                      make_records(metric, every, emb, None))

@@ -54,7 +54,7 @@ def test_language_model_trials_equal_plain_inject_runs(tmp_path):
         assert rec.metrics == pytest.approx(expected, rel=1e-12, nan_ok=True)
     rows = outcome_summary(result.records)
     assert [r["ber"] for r in rows] == [1e-4, 1e-2]
-    assert rows[1]["corrupted"] + rows[1]["non_finite"] == 1.0
+    assert rows[1]["benign"] + rows[1]["sdc"] + rows[1]["non_finite"] == 1.0
     assert all(0 <= r["masked_low"] <= r["masked"] <= r["masked_high"] <= 1 for r in rows)
     again = run(ev, trials, MEMORY, tmp_path / "lm.db", metric=ev.metric)  # resumes
     assert again.ran == 0 and [r.metrics for r in again.records] == \

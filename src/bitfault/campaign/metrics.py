@@ -46,9 +46,20 @@ def call_metric(metric: Metric, labels: np.ndarray, clean: np.ndarray, faulty: n
 # into per-example records (``make_records``): the metric's own fields plus ``identical``
 # (the example's outputs are bit-identical to the clean run's) and ``finite``. The metric
 # then scores a trial's records like any campaign metric, ``metric(labels, clean, faulty)``,
-# and classifies the trial: masked, non-finite (a NaN/Inf reached the output) or corrupted.
+# and classifies the trial (``outcome``; ``trial_outcome`` adds what a memory's decoder
+# detected): masked, benign, sdc, detected or non-finite.
 
-OUTCOMES = ("masked", "non_finite", "corrupted")
+OUTCOMES = ("masked", "benign", "sdc", "detected", "non_finite")
+"""A trial's class, as fault-injection studies name them: ``masked`` (outputs bit-identical
+to the clean run), ``benign`` (outputs changed, every decision kept: each output row's
+top-1, each scored token's next-token top-1, or each embedding's cosine to the clean one at
+least ``benign_cosine``), ``sdc`` (silent data corruption: a decision changed), ``detected``
+(a protection code flagged an uncorrectable word; only on memories with one) and
+``non_finite`` (a NaN or Inf reached the outputs: detectable in practice)."""
+
+BENIGN_COSINE = 0.99
+"""An embedding whose cosine with the clean one is at least this is unchanged for a user
+(the default of ``OutputMetric.benign_cosine``)."""
 
 
 def _refuse(metric: str, shape: tuple[int, ...], wanted: str) -> None:
@@ -66,12 +77,20 @@ class OutputMetric:
     clean ones), "language_model" (perplexity, next-token accuracy, next-token agreement and
     KL with the clean model; (N, T, vocab) logits and (N, T) next-token labels, -100 where
     no token is scored), "similarity" (a downstream score of (N, dim) embeddings: the
-    subclass ``bitfault.campaign.similarity.SimilarityMetric``, which holds the pairs)."""
+    subclass ``bitfault.campaign.similarity.SimilarityMetric``, which holds the pairs).
+    ``benign_cosine``: an embedding (cosine, similarity) whose cosine with the clean one is
+    at least this counts as unchanged in a trial's outcome (``OUTCOMES``)."""
 
     kind: str = "accuracy"
+    benign_cosine: float = BENIGN_COSINE
 
     def __post_init__(self) -> None:
         check_choice(self.kind, METRIC_KINDS, "metric")
+        c = self.benign_cosine
+        if isinstance(c, bool) or not isinstance(c, (int, float, np.integer, np.floating)) \
+                or not -1.0 <= float(c) <= 1.0:
+            raise ArgumentError("benign_cosine", c, "a number in [-1, 1] (default "
+                                f"{BENIGN_COSINE})")
         if self.kind == "similarity" and getattr(self, "pairs", None) is None:
             raise ArgumentError("metric", "similarity", "a SimilarityMetric with the pairs",
                                 requirement="metric 'similarity' needs the pairs and their "
@@ -163,8 +182,8 @@ class OutputMetric:
 
     def __call__(self, labels: np.ndarray, clean: np.ndarray, faulty: np.ndarray
                  ) -> dict[str, float]:
-        """The campaign metric: the trial's scores and its outcome (one of ``OUTCOMES``, 0/1)."""
-        return {**self.values(faulty), **outcome(faulty)}
+        """The campaign metric: the trial's scores and its outcome (``outcome``, 0/1 each)."""
+        return {**self.values(faulty), **outcome(faulty, self.benign_cosine)}
 
 
 METRIC_KINDS = ("accuracy", "agreement", "cosine", "language_model", "similarity")
@@ -217,18 +236,59 @@ def _identical_and_finite(faulty: np.ndarray, clean: np.ndarray
     return identical, finite
 
 
-def outcome(records: np.ndarray) -> dict[str, int]:
-    """A trial's class: masked (every output bit-identical to the clean run), else
-    non-finite (a NaN or Inf reached an output: detectable in practice), else corrupted."""
+def outcome(records: np.ndarray, benign_cosine: float = BENIGN_COSINE) -> dict[str, int]:
+    """A trial's class from its records, one 0/1 value each: ``masked`` (every output
+    bit-identical to the clean run), else ``non_finite`` (a NaN or Inf reached an output),
+    else ``sdc`` (a decision changed: a row's top-1 (``agree``), a scored token's top-1
+    (``agree`` below ``tokens``), or an embedding's cosine to the clean one below
+    ``benign_cosine``), else ``benign``. ``detected`` is the memory's (``trial_outcome``)."""
     masked = bool(np.all(records["identical"]))
     non_finite = not masked and not bool(np.all(records["finite"]))
-    return {"masked": int(masked), "non_finite": int(non_finite),
-            "corrupted": int(not masked and not non_finite)}
+    changed = not masked and not non_finite and _decision_changed(records, benign_cosine)
+    return {"masked": int(masked), "benign": int(not (masked or non_finite or changed)),
+            "sdc": int(changed), "non_finite": int(non_finite)}
 
 
-def outcome_summary(records: Iterable[Any], confidence: float = 0.95) -> list[dict[str, Any]]:
+def _decision_changed(records: np.ndarray, benign_cosine: float) -> bool:
+    names = records.dtype.names or ()
+    if "tokens" in names:
+        return bool(np.any(records["agree"] < records["tokens"]))
+    if "agree" in names:
+        return bool(np.any(records["agree"] < 1.0))
+    if "cosine" in names:
+        return bool(np.any(records["cosine"] < benign_cosine))
+    return True  # no decision to compare: any change counts
+
+
+def trial_outcome(metrics: Mapping[str, Any], benign_cosine: float = BENIGN_COSINE) -> str:
+    """One of ``OUTCOMES`` for a stored trial's metrics: ``detected`` when the memory's
+    decoder flagged a word, else what the metric recorded. A trial of an older store
+    (``masked`` / ``non_finite`` / ``corrupted``) is classed by the decisions it recorded
+    (``agreement`` or ``next_token_agreement`` 1, or ``cosine_min`` at least
+    ``benign_cosine``: benign). KeyError: the trial recorded no outcome."""
+    if metrics.get("detected"):
+        return "detected"
+    if "masked" not in metrics:
+        raise KeyError("outcomes not recorded: run the campaign with an OutputMetric")
+    if metrics["masked"]:
+        return "masked"
+    if metrics.get("non_finite"):
+        return "non_finite"
+    if "sdc" in metrics:
+        return "sdc" if metrics["sdc"] else "benign"
+    for key, keeps in (("agreement", 1.0), ("next_token_agreement", 1.0),
+                       ("cosine_min", benign_cosine)):
+        if key in metrics:
+            return "benign" if float(metrics[key]) >= keeps else "sdc"
+    return "sdc"
+
+
+def outcome_summary(records: Iterable[Any], confidence: float = 0.95,
+                    benign_cosine: float = BENIGN_COSINE) -> list[dict[str, Any]]:
     """Per (kind, ber, target, bit) group of trial records (``TrialRecord``s with outcome
-    metrics): the share of each outcome with its Wilson interval."""
+    metrics): the share of each outcome (``trial_outcome``; ``detected`` only where the
+    memory has a decoder) with its Wilson interval; ``benign_cosine`` classes trials of
+    older stores, which recorded no benign / sdc."""
     groups: dict[tuple, list[Mapping[str, float]]] = {}
     for r in records:
         key = (r.kind, r.ber, r.target if r.kind != "single" else None,
@@ -236,14 +296,13 @@ def outcome_summary(records: Iterable[Any], confidence: float = 0.95) -> list[di
         groups.setdefault(key, []).append(r.metrics)
     rows = []
     for (kind, ber, target, bit), ms in sorted(groups.items(), key=lambda kv: str(kv[0])):
-        missing = [o for o in OUTCOMES if any(o not in m for m in ms)]
-        if missing:
-            raise KeyError(f"outcomes {missing} not recorded: run the campaign with an "
-                           "OutputMetric")
+        classes = [trial_outcome(m, benign_cosine) for m in ms]
         row: dict[str, Any] = {"kind": kind, "ber": ber, "target": target, "bit": bit,
                                "trials": len(ms), "confidence": confidence}
         for o in OUTCOMES:
-            k = int(sum(int(m[o]) for m in ms))
+            if o == "detected" and not any("detected" in m for m in ms):
+                continue
+            k = classes.count(o)
             lo, hi = wilson_interval(k, len(ms), confidence)
             row.update({o: k / len(ms), f"{o}_low": lo, f"{o}_high": hi})
         rows.append(row)
@@ -276,6 +335,6 @@ def memory_outcome_summary(records: Iterable[Any], clean_accuracy: float,
     return rows
 
 
-__all__ = ["METRIC_KINDS", "OUTCOMES", "CleanRows", "Metric", "OutputMetric", "accuracy_metrics",
-           "call_metric", "make_records", "memory_outcome_summary", "outcome",
-           "outcome_summary"]
+__all__ = ["BENIGN_COSINE", "METRIC_KINDS", "OUTCOMES", "CleanRows", "Metric", "OutputMetric",
+           "accuracy_metrics", "call_metric", "make_records", "memory_outcome_summary",
+           "outcome", "outcome_summary", "trial_outcome"]

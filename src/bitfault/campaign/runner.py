@@ -29,14 +29,20 @@ import numpy as np
 import bitfault
 from bitfault.campaign.evaluator import Evaluator, Maps
 from bitfault.campaign.grid import Trial
-from bitfault.campaign.metrics import Metric, accuracy_metrics, call_metric
+from bitfault.campaign.metrics import (
+    BENIGN_COSINE,
+    Metric,
+    accuracy_metrics,
+    call_metric,
+    outcome_summary,
+)
 from bitfault.campaign.stopping import StopWhenPrecise
 from bitfault.campaign.store import CampaignStore, TrialRecord
 from bitfault.errors import ArgumentError, ArgumentTypeError
 from bitfault.faults import resolve_plane_bits
 from bitfault.maps import FaultMap
 from bitfault.memory import Memory
-from bitfault.stats import summary_rows
+from bitfault.stats import SUMMARY_COLUMNS, summary_rows
 from bitfault.stored_faults import TensorWords
 
 
@@ -146,17 +152,35 @@ class CampaignResult:
     def summary(self, metric: str = "accuracy",
                 confidence: float = 0.95) -> list[dict[str, Any]]:
         """Across chips: ``summary_rows`` of ``metric`` (a bounded one, such as accuracy or
-        cosine, gets an interval inside its bounds; a chip where it is not finite is counted
-        in ``non_finite``, never averaged)."""
+        cosine, gets an interval inside its bounds, perplexity and KL one above their
+        floor; a chip where it is not finite is counted in ``non_finite``, never averaged).
+        For perplexity and KL read the ``median`` and quartiles (``stats.headline_stat``):
+        one chip's 1e7 moves the mean, not them."""
         for r in self.records:
             if metric not in r.metrics:
                 raise KeyError(f"metric {metric!r} not recorded; have {sorted(r.metrics)}")
         return summary_rows(self.records, metric, confidence)
 
+    def to_frame(self, metric: str = "accuracy", confidence: float = 0.95) -> Any:
+        """``summary(metric, confidence)`` as a pandas DataFrame, columns in
+        ``stats.SUMMARY_COLUMNS`` order (NaN where a group has no finite chip)."""
+        import pandas as pd
+
+        return pd.DataFrame(self.summary(metric, confidence), columns=list(SUMMARY_COLUMNS))
+
+    def outcomes(self, confidence: float = 0.95,
+                 benign_cosine: float = BENIGN_COSINE) -> list[dict[str, Any]]:
+        """An ``OutputMetric`` campaign's share of trials in each outcome class, with Wilson
+        intervals, per (kind, ber, target, bit) (``metrics.outcome_summary``)."""
+        return outcome_summary(self.records, confidence, benign_cosine)
+
     def to_json(self) -> str:
-        return json.dumps({"clean": self.clean, "ran": self.ran, "skipped": self.skipped,
-                           "stopping": self.stopping,
-                           "trials": [r.flat() for r in self.records]}, sort_keys=True)
+        """The result as JSON; with an ``OutputMetric``'s trials, ``outcomes`` too."""
+        body = {"clean": self.clean, "ran": self.ran, "skipped": self.skipped,
+                "stopping": self.stopping, "trials": [r.flat() for r in self.records]}
+        if self.records and all("masked" in r.metrics for r in self.records):
+            body["outcomes"] = self.outcomes()
+        return json.dumps(body, sort_keys=True)
 
 
 def memory_outcomes(maps: Maps) -> dict[str, int]:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from bitfault.campaign.logits import CleanRows
-from bitfault.campaign.metrics import OutputMetric, outcome
+from bitfault.campaign.metrics import BENIGN_COSINE, OutputMetric, outcome
 from bitfault.errors import ArgumentError
 
 
@@ -74,7 +74,8 @@ class SimilarityMetric(OutputMetric):
     clean run; ``cosine`` and ``cosine_min``, each faulty embedding's cosine with its clean
     one; ``pairs_nonfinite``, the pairs whose cosine is not a number (a NaN/Inf or zero
     embedding), ranked as cosine 0 (no similarity), as ``cosine`` scores such embeddings;
-    and the outcome (masked / non-finite / corrupted)."""
+    and the outcome (``metrics.OUTCOMES``: an embedding whose cosine with its clean one
+    falls below ``benign_cosine`` is a changed decision)."""
 
     kind: str = "similarity"
     pairs: Any = None
@@ -106,15 +107,18 @@ class SimilarityMetric(OutputMetric):
 
     def __eq__(self, other: object) -> bool:
         return (type(other) is type(self) and np.array_equal(self.pairs, other.pairs)
-                and np.array_equal(self.scores, other.scores))
+                and np.array_equal(self.scores, other.scores)
+                and self.benign_cosine == other.benign_cosine)
 
     def __hash__(self) -> int:
-        return hash((self.kind, self.pairs.tobytes(), self.scores.tobytes()))
+        return hash((self.kind, self.pairs.tobytes(), self.scores.tobytes(),
+                     self.benign_cosine))
 
     @classmethod
-    def of(cls, text_pairs: Any) -> SimilarityMetric:
+    def of(cls, text_pairs: Any, benign_cosine: float = BENIGN_COSINE) -> SimilarityMetric:
         """The metric of a ``bitfault.text.TextPairs`` (its pairs and scores)."""
-        return cls(pairs=text_pairs.pairs, scores=text_pairs.scores)
+        return cls(pairs=text_pairs.pairs, scores=text_pairs.scores,
+                   benign_cosine=benign_cosine)
 
     @property
     def needs_labels(self) -> bool:
@@ -159,7 +163,8 @@ class SimilarityMetric(OutputMetric):
     def __call__(self, labels: np.ndarray, clean: np.ndarray, faulty: np.ndarray
                  ) -> dict[str, float]:
         clean_score = self.values(clean)["spearman"]
-        return {**self.values(faulty), "spearman_clean": clean_score, **outcome(faulty)}
+        return {**self.values(faulty), "spearman_clean": clean_score,
+                **outcome(faulty, self.benign_cosine)}
 
 
 __all__ = ["SimilarityMetric", "average_ranks", "pair_cosines", "spearman"]

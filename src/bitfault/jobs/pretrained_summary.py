@@ -4,7 +4,9 @@ A recipe's entry in ``summary.json`` gives, per trial kind and rate, the headlin
 the run's metric (``perplexity``, ``next_token_agreement``, ``cosine``) and the curves of
 its other values, each over the chips whose value is finite (a faulty fp16 scale can make
 perplexity infinite: such chips are counted in ``non_finite``, never averaged), and the
-share of trials masked / non-finite / corrupted with Wilson intervals.
+share of trials in each outcome class (masked, benign, sdc, non-finite) with Wilson
+intervals. The table the command prints headlines the median and quartiles of a
+heavy-tailed value (perplexity, KL), the mean of the others.
 """
 
 from __future__ import annotations
@@ -60,38 +62,51 @@ def refresh_entry(entry: dict[str, Any], c: CampaignConfig, keys: tuple[str, ...
     return fresh
 
 
-def _cell(text: str) -> str:
-    """A column: one space, then ``text`` right-aligned in 18 (``3.751e+153 (4 inf)`` fills
-    them)."""
-    return " " + text.rjust(18)
+def _cell(text: str, width: int = 18) -> str:
+    """A column: one space, then ``text`` right-aligned in ``width`` (``3.751e+153 (4 inf)``
+    fills the default)."""
+    return " " + text.rjust(width)
+
+
+def _value_text(row: dict[str, Any], stat: str) -> str:
+    """A rate's cell: the mean, or the median with its quartiles ``37.45 [37.4, 37.5]``;
+    ``(k inf)`` counts the chips where the value is not finite."""
+    extra = f" ({row['non_finite']} inf)" if row["non_finite"] else ""
+    if stat == "median":
+        return f"{row['median']:.4g} [{row['p25']:.4g}, {row['p75']:.4g}]{extra}"
+    return f"{row['mean']:.4g}{extra}"
 
 
 def format_metric_table(summary: dict[str, Any]) -> str:
-    """Plain text: one row per recipe, the clean value then the headline's mean per rate
-    (over the chips where it is finite; ``(k inf)`` counts the others)."""
-    from bitfault.stats import format_rates
+    """Plain text: one row per recipe, the clean value then the headline per rate over the
+    chips where it is finite (``(k inf)`` counts the others): the median [25th, 75th
+    percentile] of a heavy-tailed value (perplexity, KL: ``stats.headline_stat``), where
+    one chip's 1e7 would make the mean meaningless, else the mean."""
+    from bitfault.stats import format_rates, headline_stat
 
     models = summary["models"]
     value = summary.get("value", "value")
+    stat = headline_stat(value)
     bers = sorted({r["ber"] for m in models.values() for r in m["rate"]})
     labels = format_rates(bers) if bers else []
     width = max([len("model")] + [len(n) for n in models]) + 2
-    lines = [f"mean {value.replace('_', ' ')} over simulated chips (finite chips), by bit "
-             "error rate", "model".ljust(width) + "no faults".rjust(12)
-             + "".join(_cell(label) for label in labels)]
+    rows = []
     for name, m in models.items():
         by = {r["ber"]: r for r in m["rate"]}
-        cells = []
-        for b in bers:
-            r = by.get(b)
-            if r is None or not r["n"]:
-                cells.append(_cell("-" if r is None else f"({r['non_finite']} inf)"))
-                continue
-            extra = f" ({r['non_finite']} inf)" if r["non_finite"] else ""
-            cells.append(_cell(f"{r['mean']:.4g}{extra}"))
+        cells = ["-" if by.get(b) is None else _value_text(by[b], stat) if by[b]["n"]
+                 else f"({by[b]['non_finite']} inf)" for b in bers]
+        rows.append((name, m, cells))
+    cell = max([18] + [len(t) for _, _, cells in rows for t in cells])
+    what = (f"median {value.replace('_', ' ')} [25th, 75th percentile]" if stat == "median"
+            else f"mean {value.replace('_', ' ')}")
+    lines = [f"{what} over simulated chips (finite chips), by bit error rate",
+             "model".ljust(width) + "no faults".rjust(12)
+             + "".join(_cell(label, cell) for label in labels)]
+    for name, m, cells in rows:
         clean = m["clean"].get(value)
         lines.append(name.ljust(width) + (f"{clean:12.4g}" if isinstance(clean, (int, float))
-                                          else "-".rjust(12)) + "".join(cells))
+                                          else "-".rjust(12))
+                     + "".join(_cell(t, cell) for t in cells))
     return "\n".join(lines)
 
 
