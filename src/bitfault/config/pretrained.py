@@ -13,6 +13,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from bitfault.config.checks import MAX_TEXT_COUNT, user_path
 from bitfault.config.schema import (
     PRETRAINED_KINDS,
     PRETRAINED_METRICS,
@@ -40,7 +41,7 @@ def _int(value: Any, key: str, minimum: int) -> int | None:
     if value is None:
         return None
     try:
-        return check_int(value, key, minimum)
+        return check_int(value, key, minimum, MAX_TEXT_COUNT)
     except ArgumentError as exc:
         raise ConfigError(key, value, exc.allowed + " or null") from None
 
@@ -69,7 +70,7 @@ def _path(value: Any, key: str, what: str) -> str:
     if value.startswith(PACKAGE) and _package_parts(value) is None:
         raise ConfigError(key, value, f"{PACKAGE}MODULE/PATH: an importable top-level "
                           "module name, then a relative path inside it (no '..')")
-    return value
+    return user_path(value, key, what)
 
 
 def local_path(value: str | None, key: str) -> str | None:
@@ -133,7 +134,8 @@ def text_data(d: Mapping[str, Any]) -> DataConfig:
                  "corpus) for data.source 'text'")
     tokenizer = d.get("tokenizer")
     if tokenizer is not None:
-        _path(tokenizer, "data.tokenizer", "a tokenizer directory, or null (the model's own)")
+        tokenizer = _path(tokenizer, "data.tokenizer", "a tokenizer directory, or null (the "
+                          "model's own)")
     return DataConfig("text", path, context=_int(d.get("context"), "data.context", 2),
                       windows=_int(d.get("windows"), "data.windows", 1), tokenizer=tokenizer)
 
@@ -153,10 +155,11 @@ def pairs_data(d: Mapping[str, Any]) -> DataConfig:
     if name is not None and name not in PAIR_SETS:
         raise ConfigError("data.name", name, f"one of {sets}, or data.path for a file")
     if path is not None:
-        _path(path, "data.path", "a tab-separated pairs file (text_a, text_b, score)")
+        path = _path(path, "data.path", "a tab-separated pairs file (text_a, text_b, score)")
     tokenizer = d.get("tokenizer")
     if tokenizer is not None:
-        _path(tokenizer, "data.tokenizer", "a tokenizer directory, or null (the model's own)")
+        tokenizer = _path(tokenizer, "data.tokenizer", "a tokenizer directory, or null (the "
+                          "model's own)")
     return DataConfig("pairs", path, context=_int(d.get("context"), "data.context", 2),
                       tokenizer=tokenizer, name=name)
 

@@ -19,13 +19,45 @@ TEXT_KEYS = ("context", "windows", "tokenizer")  # data keys of source "text" on
 BUILTIN_MODELS = {"seed_mlp": ("hidden", "seed"), "small_cnn": ("channels", "seed", "norm")}
 
 
+SHOWN_CHARS = 200  # a value in an error message is cut to this many characters
+
+
+def short_repr(value: Any, limit: int = SHOWN_CHARS) -> str:
+    """``repr(value)``, cut to ``limit`` characters with "..." (an error message stays one
+    readable line whatever the value holds; a huge container is not rendered whole)."""
+    if _items(value, 4 * limit) <= 4 * limit:
+        text = repr(value)
+    else:
+        import reprlib
+
+        r = reprlib.Repr()
+        r.maxstring = r.maxother = r.maxlong = limit
+        text = r.repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _items(value: Any, budget: int) -> int:
+    """Values and characters in ``value``, counted until they pass ``budget``."""
+    seen, stack = 0, [value]
+    while stack and seen <= budget:
+        v = stack.pop()
+        seen += len(v) if isinstance(v, (str, bytes)) else 1
+        if isinstance(v, Mapping):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple, set, frozenset)):
+            stack.extend(v)
+    return seen
+
+
 class ConfigError(ValueError):
-    """A config mistake; the message names the dotted key, the value and what is allowed."""
+    """A config mistake; the message names the dotted key, the value (cut to
+    ``SHOWN_CHARS`` characters) and what is allowed."""
 
     def __init__(self, key: str, value: Any = None, allowed: str = "", *,
                  unknown: bool = False) -> None:
         self.key, self.value, self.allowed = key, value, allowed
-        got = "unknown" if unknown else f"got {value!r}"
+        got = "unknown" if unknown else f"got {short_repr(value)}"
         super().__init__(f"config key {key!r}: {got}; allowed: {allowed}")
 
 
@@ -210,7 +242,7 @@ class RunConfig:
 
 
 
-__all__ = ["BUILTIN_MODELS", "FRAMEWORKS", "PRETRAINED_KINDS", "PRETRAINED_METRICS", "SOURCES",
-           "TEXT_KEYS", "CampaignConfig", "ConfigError",
+__all__ = ["BUILTIN_MODELS", "FRAMEWORKS", "PRETRAINED_KINDS", "PRETRAINED_METRICS",
+           "SHOWN_CHARS", "SOURCES", "TEXT_KEYS", "CampaignConfig", "ConfigError",
            "DataConfig", "ModelConfig", "RunConfig", "TrainConfig", "memory_value",
-           "targets_value"]
+           "short_repr", "targets_value"]

@@ -17,6 +17,13 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from bitfault.config.checks import (
+    MAX_BATCH_SIZE,
+    MAX_CAMPAIGN_BATCH,
+    MAX_EPOCHS,
+    MAX_HIDDEN,
+    user_path,
+)
 from bitfault.config.library import built as _library
 from bitfault.config.library import storage_section
 from bitfault.config.pretrained import (
@@ -138,8 +145,8 @@ def _data(raw: Any) -> DataConfig:
         return pairs_data(d)
     check_text_keys(d, source)
     path = d.get("path")
-    if path is not None and not isinstance(path, str):
-        raise ConfigError("data.path", path, "a file or directory path (string) or null")
+    if path is not None:
+        path = user_path(path, "data.path", "a file or directory path (string) or null")
     if source in ("idx", "npz") and not path:
         raise ConfigError("data.path", path, f"a {'directory' if source == 'idx' else 'file'} "
                           f"path: data.source {source!r} reads it")
@@ -168,7 +175,7 @@ def _model(raw: Any) -> ModelConfig:
                 raise ConfigError(f"model.kwargs.{k}", unknown=True,
                                   allowed=", ".join(BUILTIN_MODELS[name]))
         if "hidden" in kwargs:
-            _int(kwargs["hidden"], "model.kwargs.hidden", minimum=1)
+            _int(kwargs["hidden"], "model.kwargs.hidden", minimum=1, maximum=MAX_HIDDEN)
         if "seed" in kwargs:
             _int(kwargs["seed"], "model.kwargs.seed", minimum=0, maximum=SEED_MAX)
         if "channels" in kwargs:
@@ -184,8 +191,9 @@ def _train(raw: Any) -> TrainConfig:
     d = _keys(raw, tuple(f.name for f in dataclasses.fields(TrainConfig)), "train")
     t = TrainConfig()
     return TrainConfig(
-        epochs=_int(d.get("epochs", t.epochs), "train.epochs", minimum=1),
-        batch_size=_int(d.get("batch_size", t.batch_size), "train.batch_size", minimum=1),
+        epochs=_int(d.get("epochs", t.epochs), "train.epochs", minimum=1, maximum=MAX_EPOCHS),
+        batch_size=_int(d.get("batch_size", t.batch_size), "train.batch_size", minimum=1,
+                        maximum=MAX_BATCH_SIZE),
         lr=_float(d.get("lr", t.lr), "train.lr", what="a positive number",
                   ok=lambda v: 0.0 < v < float("inf")),
         optimizer=_choice(d.get("optimizer", t.optimizer), OPTIMIZERS, "train.optimizer"),
@@ -265,10 +273,14 @@ def _recipe(raw: Any, i: int) -> Recipe:
 
 
 def _recipes(raw: Any) -> tuple[Recipe, ...]:
+    """``recipes``: absent is one recipe ``{name: normal}`` (stored as 8-bit integers, as a
+    recipe without ``format`` is); a list must hold at least one recipe."""
     if raw is None:
         return (Recipe(name="normal"),)
     if not isinstance(raw, (list, tuple)) or not raw:
-        raise ConfigError("recipes", raw, "a non-empty list of recipes (mappings with a name)")
+        raise ConfigError("recipes", raw, "a non-empty list of recipes (mappings with a "
+                          "name), or no recipes key (one recipe {name: normal}, stored as "
+                          "8-bit integers)")
     recipes = tuple(_recipe(r, i) for i, r in enumerate(raw))
     seen: set[str] = set()
     for i, r in enumerate(recipes):  # case-blind: folders collide on macOS and Windows
@@ -318,7 +330,8 @@ def _campaign(raw: Any) -> CampaignConfig:
         bits=_bool(d.get("bits", c.bits), "campaign.bits"),
         sensitivity_bers=None if sens is None else _rates(sens, "campaign.sensitivity_bers"),
         sensitivity_chips=sens_chips,
-        batch=_int(d.get("batch"), "campaign.batch", minimum=1, none=True),
+        batch=_int(d.get("batch"), "campaign.batch", minimum=1, none=True,
+                   maximum=MAX_CAMPAIGN_BATCH, why=" (fault-map sets per evaluator call)"),
         single_faults=_float(d.get("single_faults"), "campaign.single_faults",
                              what="a margin in (0, 0.5), e.g. 0.01", ok=lambda f: 0 < f < 0.5,
                              none=True),
@@ -350,9 +363,8 @@ def config_from_dict(data: Mapping[str, Any]) -> RunConfig:
     """Validate a config mapping (as parsed from YAML/TOML/JSON) into a RunConfig."""
     d = _keys(data, _TOP, "")
     framework = _choice(d.get("framework", "torch"), FRAMEWORKS, "framework")
-    output = d.get("output", RunConfig.output)
-    if not isinstance(output, str) or not output:
-        raise ConfigError("output", output, "a directory path (string)")
+    output = user_path(d.get("output", RunConfig.output), "output",
+                       "a directory path (string)")
     title = d.get("title", RunConfig.title)
     if not isinstance(title, str):
         raise ConfigError("title", title, "a string")
@@ -363,7 +375,22 @@ def config_from_dict(data: Mapping[str, Any]) -> RunConfig:
                        data=_data(d.get("data")), model=_model(d.get("model")),
                        train=_train(d.get("train")), recipes=_recipes(d.get("recipes")),
                        campaign=_campaign(d.get("campaign")))
-    return check_pretrained(d, config)
+    config = check_pretrained(d, config)
+    if not config.model.pretrained:
+        check_stored_formats(config)
+    return config
 
 
-__all__ = ["INT64_MAX", "MAX_CHIPS", "SEED_MAX", "config_from_dict"]
+def check_stored_formats(config: RunConfig) -> None:
+    """Every recipe a run trains is measured by its campaign, which faults stored words: a
+    recipe needs a format (``format``, default int8; or ``format: null`` with a
+    ``fault_aware`` spec, stored in the spec's format), checked before anything trains."""
+    for i, r in enumerate(config.recipes):
+        if r.stored_format is None:
+            raise ConfigError(f"recipes[{i}].format", None,
+                              f"a format or fault_aware spec: campaigns fault stored words, "
+                              f"and recipe {r.name!r} trains plain float weights (omit "
+                              f"format for 8-bit integers)")
+
+
+__all__ = ["INT64_MAX", "MAX_CHIPS", "SEED_MAX", "check_stored_formats", "config_from_dict"]
