@@ -7,6 +7,7 @@ import json
 import re
 import struct
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -14,9 +15,10 @@ import pytest
 import bitfault as bf
 from bitfault.campaign import NumpyEvaluator, bit_sweep, layer_sweep, rate_sweep, run
 from bitfault.data import split_embedded_mnist
+from bitfault.stats import summary_rows
 
 pytest.importorskip("matplotlib")
-from bitfault.report import build_report
+from bitfault.report import build_report, model_rate_table, rate_table_caption
 
 
 def softmax_model() -> NumpyEvaluator:
@@ -76,3 +78,24 @@ def test_report_from_a_campaign(tmp_path: Path) -> None:
 def test_report_needs_a_rate_sweep(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="rate_rows"):
         build_report(tmp_path, {})
+
+
+def _perplexity_rows(values: list[float]) -> list[dict]:
+    records = [SimpleNamespace(kind="rate", ber=1e-8, target=None, bit=None,
+                               metrics={"perplexity": v}) for v in values]
+    return summary_rows(records, "perplexity")
+
+
+def test_the_headline_table_gives_a_heavy_tailed_value_as_its_median() -> None:
+    # SmolLM2 at 1e-8: two chips keep the fault-free 37.46, one flipped exponent gives 1e7
+    rows = {"gguf": _perplexity_rows([37.4, 37.5, 1e7])}
+    (numbers,), columns = model_rate_table(rows, {"gguf": 37.46})
+    assert columns == ["model", "no faults", "1e-08"] and numbers["1e-08"] == 37.5
+    (text,), _ = model_rate_table(rows, {"gguf": 37.46}, spread=True)
+    assert text["1e-08"] == "37.5 [37.45, 5e+06]"
+    assert rate_table_caption(rows) == "Median perplexity [25th, 75th percentile]"
+    assert rows["gguf"][0]["ci_low"] >= 1.0  # the full table's interval stays above 1
+    accuracy = {"m": [{"ber": 1e-3, "metric": "accuracy", "mean": 0.9, "median": 0.95}]}
+    assert model_rate_table(accuracy)[0][0]["1e-03"] == 0.9
+    assert rate_table_caption(accuracy) == "Mean accuracy"
+

@@ -11,7 +11,6 @@ trials table has other columns (an older bitfault's) cannot be appended to.
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import sqlite3
@@ -20,6 +19,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
+
+from bitfault.csvfile import write_csv
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS campaign (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -207,12 +208,10 @@ class CampaignStore:
     # ---- export ----------------------------------------------------------------------------
 
     def to_csv(self, path: str | os.PathLike[str]) -> None:
+        """One row per trial (``TrialRecord.flat``); names a spreadsheet would take for a
+        formula are quoted (``bitfault.csvfile``)."""
         rows = [r.flat() for r in self.records()]
-        fields = _fieldnames(rows)
-        with open(path, "w", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=fields)
-            writer.writeheader()
-            writer.writerows(rows)
+        write_csv(path, rows, _fieldnames(rows))
 
     def to_dataframe(self) -> Any:
         import pandas as pd

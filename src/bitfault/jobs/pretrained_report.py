@@ -2,12 +2,12 @@
 
 ``RUN_DIR/report/``: one plot per value of the run's metric vs bit error rate
 (``rate_<value>.png``: perplexity, next-token agreement and accuracy, cosine, or spearman
-with cosine for similarity; mean over the chips where the value is finite, 95% band, worst
-chip dotted, no faults dashed), a heatmap per recipe of the headline value by tensor when
-the layer sweep ran (bounded metrics; perplexity's and spearman's layer rows are tables),
-the outcomes (masked / non-finite /
-corrupted with Wilson intervals), ``summary.csv``/``.json``, ``rate_table.csv``/``.json``
-and one ``report.html``.
+with cosine for similarity; over the chips where the value is finite the median and
+quartiles of perplexity, the mean and its 95% band of the others, worst chip dotted, no
+faults dashed), a heatmap per recipe of the headline value by tensor when the layer sweep
+ran (bounded metrics; perplexity's and spearman's layer rows are tables), the outcomes
+(masked / benign / sdc / non-finite with Wilson intervals), ``summary.csv``/``.json``,
+``rate_table.csv``/``.json`` and one ``report.html``.
 """
 
 from __future__ import annotations
@@ -43,9 +43,11 @@ def _stored_as(fmt: Any) -> str:
 def make_pretrained_report(rd: RunDir, config: RunConfig, reporter: Reporter
                            ) -> dict[str, str]:
     """Write ``RUN_DIR/report/`` (call it holding the run directory's lock)."""
-    from bitfault.report import model_rate_table, plot_heatmap, plot_rate_sweep
+    from bitfault.campaign.metrics import BENIGN_COSINE
+    from bitfault.report import model_rate_table, plot_heatmap, plot_rate_sweep, rate_table_caption
     from bitfault.report.html import write_html, write_rows
     from bitfault.report.labels import fault_phrase, file_stems, rate_name
+    from bitfault.stats import headline_stat
 
     if not rd.summary_path.is_file():
         raise FileNotFoundError(f"{rd.summary_path}: missing; run `bitfault campaign "
@@ -75,9 +77,11 @@ def make_pretrained_report(rd: RunDir, config: RunConfig, reporter: Reporter
         clean = {n: m["clean"][key] for n, m in models.items() if _finite(m["clean"].get(key))}
         out[f"rate_{key}"] = plot_rate_sweep(rows, os.path.join(out_dir, f"rate_{key}.png"),
                                              metric=key, clean=clean, fault=c.fault)
-        figures.append((f"{key.replace('_', ' ')} vs {what}: mean over the chips where it is "
-                        "finite, 95% band of the mean, worst chip dotted, no faults dashed; x: "
-                        "no chip finite at that rate.",
+        centre = ("median over the chips where it is finite, band: their 25th-75th "
+                  "percentile" if headline_stat(key) == "median" else
+                  "mean over the chips where it is finite, 95% band of the mean")
+        figures.append((f"{key.replace('_', ' ')} vs {what}: {centre}, worst chip dotted, no "
+                        "faults dashed; x: no chip finite at that rate.",
                         out[f"rate_{key}"]))
     layer_tables = []
     stems = file_stems(list(models))
@@ -103,9 +107,11 @@ def make_pretrained_report(rd: RunDir, config: RunConfig, reporter: Reporter
               for group in ("rate", "layer", "bit") for r in m[group]]
     out["summary_csv"], out["summary_json"] = write_rows(detail, os.path.join(out_dir,
                                                                               "summary"))
+    classes = [k for k in ("masked", "benign", "sdc", "detected", "non_finite")
+               if any(k in o for m in models.values() for o in m["outcomes"])]
     outcomes = [{"model": n, "rate": f"{o['ber']:g}", "trials": o["trials"],
                  **{k: f"{o[k]:.0%} ({o[f'{k}_low']:.0%}-{o[f'{k}_high']:.0%})"
-                    for k in ("masked", "non_finite", "corrupted")}}
+                    for k in classes if k in o}}
                 for n, m in models.items() for o in m["outcomes"]]
     intro_models = [{"model": n, "stored as": _stored_as(m["format"]),
                      f"{value}, no faults": m["clean"].get(value), "trials": m["trials"],
@@ -128,18 +134,24 @@ def make_pretrained_report(rd: RunDir, config: RunConfig, reporter: Reporter
             "its weights in the recipe's storage; every faulty trial is compared with it.")
     if left:
         lead += f" Incomplete campaigns, shown with the trials stored so far: {', '.join(left)}."
+    decision = ("each embedding's cosine to no faults at least "
+                f"{BENIGN_COSINE:g}" if config.metric in ("cosine", "similarity") else
+                "every scored token's top-1")
     tables = [("Outcomes per rate (share of trials masked: outputs bit-identical to no "
-               "faults; non-finite: a NaN or Inf reached the outputs; corrupted; 95% Wilson "
-               "intervals)", outcomes, ("model", "rate", "trials", "masked", "non_finite",
-                                        "corrupted")), *layer_tables,
+               f"faults; benign: outputs changed, {decision} kept; sdc: silent data "
+               "corruption, a decision changed; non-finite: a NaN or Inf reached the "
+               "outputs; 95% Wilson intervals)", outcomes,
+               ("model", "rate", "trials", *classes)), *layer_tables,
               ("Rate sweep (every value)", [{"model": n, **r} for n, m in models.items()
                                             for k in keys for r in m["curves"][k]],
                ("model", "metric", *_COLUMNS[2:]))]
+    headline_rows, _ = model_rate_table(
+        rate_rows, {n: m["clean"].get(value) for n, m in models.items()}, spread=True)
     out["html"] = write_html(
         os.path.join(out_dir, "report.html"), config.title, lead, figures, tables,
         lead_tables=[("Models", intro_models, tuple(intro_models[0])),
-                     (f"Mean {value.replace('_', ' ')} over chips by {what} (finite chips)",
-                      by_rate, rate_columns)])
+                     (f"{rate_table_caption(rate_rows, value)} over chips by {what} (finite "
+                      "chips)", headline_rows, rate_columns)])
     return out
 
 

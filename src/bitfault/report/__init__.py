@@ -15,13 +15,14 @@ from bitfault.report.html import Table, write_html, write_rows
 from bitfault.report.labels import bit_roles, fault_phrase, file_stems, rate_label, rate_name
 from bitfault.report.plots import plot_heatmap, plot_rate_sweep, plot_training
 from bitfault.report.schemes import plot_schemes, scheme_table
-from bitfault.stats import format_rates
+from bitfault.stats import format_rates, headline_stat
 
-_SUMMARY_COLUMNS = ("model", "kind", "ber", "target", "bit", "n", "mean", "std", "min", "max",
-                    "ci_low", "ci_high")
+_SUMMARY_COLUMNS = ("model", "kind", "ber", "target", "bit", "n", "mean", "std", "median",
+                    "min", "max", "ci_low", "ci_high")
 _CI_METHODS = {"wilson_effective_n": "a Wilson score interval at the chips' effective sample "
                                      "size with Student's t quantile, inside [0, 1]",
-               "student_t": "Student's t"}
+               "student_t": "Student's t",
+               "student_t_clipped": "Student's t, cut at the metric's lower bound"}
 
 
 def build_report(
@@ -138,19 +139,34 @@ def build_report(
         out["schemes_csv"], out["schemes_json"] = write_rows(rows, os.path.join(out_dir,
                                                                                 "schemes"))
         first.append((caption, rows, columns))
+    headline, _ = model_rate_table(rate_rows, clean, spread=True)
     out["html"] = write_html(
         os.path.join(out_dir, "report.html"), title, f"{lead}\n\n{intro}", figures,
         [*more_tables, (detail, rate_detail, _SUMMARY_COLUMNS)],
-        lead_tables=[*first, (f"Mean accuracy over chips by model and {what}", by_rate,
-                              rate_columns)])
+        lead_tables=[*first, (f"{rate_table_caption(rate_rows, 'accuracy')} over chips by "
+                              f"model and {what}", headline, rate_columns)])
     return out
 
 
+def rate_table_caption(rate_rows: Mapping[str, Sequence[Mapping[str, Any]]],
+                       default: str = "value") -> str:
+    """What ``model_rate_table`` headlines: "Mean accuracy", or "Median perplexity [25th,
+    75th percentile]" for a heavy-tailed metric (``stats.headline_stat``)."""
+    metric = next((str(r["metric"]) for rows in rate_rows.values() for r in rows
+                   if r.get("metric")), default)
+    if headline_stat(metric) == "median":
+        return f"Median {metric.replace('_', ' ')} [25th, 75th percentile]"
+    return f"Mean {metric.replace('_', ' ')}"
+
+
 def model_rate_table(rate_rows: Mapping[str, Sequence[Mapping[str, Any]]],
-                     clean: Mapping[str, float] | None = None
+                     clean: Mapping[str, float] | None = None, *, spread: bool = False
                      ) -> tuple[list[dict[str, Any]], list[str]]:
-    """(rows, columns): one row per model, its no-fault value then its mean at each rate,
-    the rate columns named as ``format_rates`` writes them."""
+    """(rows, columns): one row per model, its no-fault value then its headline at each
+    rate (``stats.headline_stat`` of the row's metric: the median of perplexity or KL,
+    where one chip's 1e7 would carry the mean, else the mean), the rate columns named as
+    ``format_rates`` writes them; ``spread``: a median as text with its quartiles,
+    ``37.45 [37.4, 37.5]``."""
     rates = sorted({float(r["ber"]) for rows in rate_rows.values() for r in rows})
     names = dict(zip(rates, format_rates(rates), strict=True))
     columns = ["model", *(["no faults"] if clean else []), *names.values()]
@@ -159,10 +175,18 @@ def model_rate_table(rate_rows: Mapping[str, Sequence[Mapping[str, Any]]],
         row: dict[str, Any] = {"model": model}
         if clean:
             row["no faults"] = clean.get(model, "")
-        means = {float(r["ber"]): r["mean"] for r in rows}
-        row.update({names[b]: means.get(b, "") for b in rates})
+        values = {float(r["ber"]): _headline(r, spread) for r in rows}
+        row.update({names[b]: values.get(b, "") for b in rates})
         table.append(row)
     return table, columns
+
+
+def _headline(row: Mapping[str, Any], spread: bool) -> Any:
+    stat = headline_stat(str(row.get("metric", "")))
+    if stat == "median" and "median" in row:
+        return (f"{row['median']:.4g} [{row['p25']:.4g}, {row['p75']:.4g}]" if spread
+                else row["median"])
+    return row["mean"]
 
 
 def split_bit_rows(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -185,6 +209,7 @@ __all__ = [
     "plot_rate_sweep",
     "plot_schemes",
     "plot_training",
+    "rate_table_caption",
     "scheme_table",
     "split_bit_rows",
     "write_html",

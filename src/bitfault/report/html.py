@@ -3,26 +3,25 @@
 from __future__ import annotations
 
 import base64
-import csv
 import html
 import json
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from bitfault.csvfile import write_csv
 from bitfault.stats import format_rates
 
 
 def write_rows(rows: Sequence[Mapping[str, Any]], stem: str | os.PathLike[str]) -> list[str]:
-    """Write rows as ``stem.csv`` and ``stem.json``; returns both paths."""
+    """Write rows as ``stem.csv`` (a name a spreadsheet would take for a formula, such as
+    ``=cmd``, is written ``'=cmd``: ``bitfault.csvfile``) and ``stem.json``; returns both
+    paths."""
     stem = os.fspath(stem)
     fields: list[str] = []
     for r in rows:
         fields.extend(k for k in r if k not in fields)
-    with open(stem + ".csv", "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(stem + ".csv", rows, fields)
     with open(stem + ".json", "w") as fh:
         json.dump(list(rows), fh, indent=1, sort_keys=True)
     return [stem + ".csv", stem + ".json"]

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from bitfault.report.labels import rate_label, rate_name
-from bitfault.stats import HIGHER_IS_WORSE, format_rates, metric_bounds
+from bitfault.stats import HIGHER_IS_WORSE, format_rates, headline_stat, metric_bounds
 
 
 def _pyplot() -> Any:
@@ -40,7 +40,10 @@ def plot_rate_sweep(curves: Mapping[str, Sequence[Mapping[str, Any]]],
     """Metric vs fault rate, one line per model with its confidence band and worst chip.
 
     ``curves[model]`` holds summary rows with ``ber``, ``mean``, ``ci_low``,
-    ``ci_high``, ``min`` and ``max``; ``clean[model]`` draws the fault-free value,
+    ``ci_high``, ``min`` and ``max`` (and for a heavy-tailed metric, perplexity or KL,
+    ``median``, ``p25`` and ``p75``: the line is the median over chips and the band the
+    middle half of the chips, which one chip's 1e7 does not move); ``clean[model]`` draws
+    the fault-free value,
     ``chance`` a grey chance-level line; ``fault`` (the fault model) names the axis. The
     worst chip is the minimum, or the maximum where a higher value is worse
     (``stats.HIGHER_IS_WORSE``: perplexity, KL); a row without a finite value (``n`` 0:
@@ -53,6 +56,11 @@ def plot_rate_sweep(curves: Mapping[str, Sequence[Mapping[str, Any]]],
     fig, ax = plt.subplots(figsize=(7, 4.5))
     rates: set[float] = set()
     worst = "max" if metric in HIGHER_IS_WORSE else "min"
+    centre = headline_stat(metric)
+    if centre == "median" and not all(k in r for rows in curves.values() for r in rows
+                                      if _has_value(r) for k in ("median", "p25", "p75")):
+        centre = "mean"  # rows without quartiles (a caller's own): the mean and its CI
+    low_key, high_key = ("p25", "p75") if centre == "median" else ("ci_low", "ci_high")
     drawn: list[float] = []
     plotted: list[tuple[str, str, list[Mapping[str, Any]]]] = []
     lost: list[tuple[float, str]] = []
@@ -66,17 +74,17 @@ def plot_rate_sweep(curves: Mapping[str, Sequence[Mapping[str, Any]]],
             ax.axhline(clean[model], color=color, linestyle="--", linewidth=1)
             drawn.append(clean[model])
         if rows:
-            drawn += [v for r in rows for v in (r["mean"], r[worst], r["ci_high"])]
+            drawn += [v for r in rows for v in (r[centre], r[worst], r[high_key])]
             plotted.append((model, color, rows))
     values = np.array([v for v in drawn if v is not None and np.isfinite(v)], np.float64)
     log = bool(metric_bounds(metric) is None and values.size and values.min() > 0
                and values.max() >= 100 * values.min())
     for model, color, rows in plotted:
         ber = np.array([r["ber"] for r in rows])
-        low = [r["ci_low"] if not log or r["ci_low"] > 0 else r["min"] for r in rows]
-        ax.plot(ber, [r["mean"] for r in rows], "o-", color=color,
-                label=f"{model} (mean over chips)")
-        ax.fill_between(ber, low, [r["ci_high"] for r in rows], color=color, alpha=0.25,
+        low = [r[low_key] if not log or r[low_key] > 0 else r["min"] for r in rows]
+        ax.plot(ber, [r[centre] for r in rows], "o-", color=color,
+                label=f"{model} ({centre} over chips)")
+        ax.fill_between(ber, low, [r[high_key] for r in rows], color=color, alpha=0.25,
                         linewidth=0)
         ax.plot(ber, [r[worst] for r in rows], ":", marker=".", color=color, linewidth=1)
     if log:
@@ -93,8 +101,10 @@ def plot_rate_sweep(curves: Mapping[str, Sequence[Mapping[str, Any]]],
     what = metric.replace("_", " ")
     ax.set_xlabel(rate_label(fault))
     ax.set_ylabel(what)
-    ax.set_title(textwrap.fill(f"{what} vs {rate_name(fault)} (band: 95% CI of the mean; "
-                               "dotted: worst chip; dashed: no faults)", 95))
+    band = ("25th-75th percentile of chips" if centre == "median"
+            else "95% CI of the mean")
+    ax.set_title(textwrap.fill(f"{what} vs {rate_name(fault)} ({centre} over chips; band: "
+                               f"{band}; dotted: worst chip; dashed: no faults)", 95))
     ax.title.set_fontsize(9)
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=8)
