@@ -157,7 +157,8 @@ def check(model: nn.Module, data: tuple, memory: bf.Memory, names: list[str],
     ev = TorchEvaluator(trained(model, data) if train else model, *data, targets=targets)
     calls: list[str] = []
     if not_run:
-        ev.golden(memory), ev._clean_env(memory)  # the clean runs call every module
+        # the clean runs (and the probe of how nodes follow the batch) call every module
+        ev.golden(memory), ev._clean_env(memory), ev.batch_roles()
     for path in not_run:
         ev.model.get_submodule(path).register_forward_hook(
             lambda *a, path=path: calls.append(path))

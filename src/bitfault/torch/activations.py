@@ -56,6 +56,7 @@ class CleanActivations:
     _write_faulty: Any
     _predict_full: Any
     _replica_tensors: Any
+    batch_roles: Any
 
     def graph(self) -> TracedGraph | None:
         """The model's fx graph, or None when it cannot be traced (then every trial runs
@@ -95,10 +96,13 @@ class CleanActivations:
             exclude = self._excluded()
             layer = self._layer_nodes()
             envs, preds = [], []
-            for b in self._batches():
-                env, out = self._build(g, b, layer, exclude)
-                envs.append(env)
-                preds.append(out)
+            try:
+                for b in self._batches():
+                    env, out = self._build(g, b, layer, exclude)
+                    envs.append(env)
+                    preds.append(out)
+            except Exception:  # the trace does not run on the data: whole-model runs
+                preds.append(None)
             if any(p is None for p in preds) or not np.array_equal(
                     np.concatenate(preds), self.golden(memory)):
                 for env in envs:  # the trace does not reproduce the model: no reuse
@@ -164,7 +168,7 @@ class CleanActivations:
         g = self.graph()
         envs = self._clean_env(memory)
         self.stored(memory)
-        keep = g.needed_from(start)
+        keep = self._keep_from(start)
         for b, kept in zip(self._batches(), envs, strict=True):
             if kept is not None and kept.complete:
                 yield b, kept.values
@@ -176,6 +180,15 @@ class CleanActivations:
                 with torch.no_grad():
                     g.run(self.model, env, self.x[chunk], keep=keep)
                 yield chunk, env
+
+    def _keep_from(self, start: int) -> frozenset[Any]:
+        """The clean values single faults from position ``start`` on read: the nodes from
+        there and their inputs, and what computing a size read from the batch again needs
+        (``BatchRoles.sources``)."""
+        g = self.graph()
+        keep = g.needed_from(start)
+        roles = self.batch_roles()
+        return keep if roles is None else keep | roles.sources(keep)
 
     def _example_bytes(self, memory: Memory, start: int = 0) -> int:
         """Bytes of the clean values ``_env_chunks(memory, start)`` keeps for one example
@@ -189,7 +202,7 @@ class CleanActivations:
             g = self.graph()
             env: dict[Any, Any] = {}
             with torch.no_grad():
-                g.run(self.model, env, self.x[0:1], keep=g.needed_from(start))
+                g.run(self.model, env, self.x[0:1], keep=self._keep_from(start))
             per_start[start] = held_bytes(env.values(), self._excluded())
         return per_start[start]
 

@@ -25,6 +25,7 @@ the one budget ``max_bytes`` (``bitfault.torch.budget``). Imports torch lazily.
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -44,13 +45,14 @@ from bitfault.maps import FaultMap
 from bitfault.memory import Memory
 from bitfault.torch.activations import CleanActivations
 from bitfault.torch.budget import ByteBudget
+from bitfault.torch.plan import Plan, evaluation_plan
 from bitfault.torch.replica import ReplicaWrites, _Patched
 from bitfault.torch.single_faults import SingleFaultPaths
 
 EVALUATED_KINDS = ("weights", "biases", "buffers")  # stored tensors; activations: inject_
 # what a pickled evaluator leaves behind (rebuilt on the worker by ``_fresh_caches``)
 CACHES = ("_budget", "_views", "_patchable", "_envs", "_per_example", "_golden", "_graph",
-          "_replica", "_single_calls")
+          "_replica", "_single_calls", "_single_why", "_roles")
 
 
 def faulty_in(fmap: FaultMap, plane: str, eligible: int) -> bool:
@@ -147,6 +149,9 @@ class TorchEvaluator(SingleFaultPaths, CleanActivations, ReplicaWrites):
         self._key = MemoryKeys()  # the caches' key of a memory: its format and fault model
         self._holds: Any = None  # the memory key whose stored values the replica holds
         self._undo: dict[str, Any] = {}  # path -> what to put back (None: all of it)
+        self.fallbacks: dict[str, str] = {}  # tensor -> the error a fast path failed with
+        self._shortcut_faults: dict[str, int] = {}  # path -> single faults it evaluated
+        self._full_only: set[str] = set()  # paths whose layer path failed: whole model
         self._fresh_caches()
 
     def _fresh_caches(self) -> None:
@@ -157,6 +162,8 @@ class TorchEvaluator(SingleFaultPaths, CleanActivations, ReplicaWrites):
         self._envs: dict[Any, Any] = {}
         self._per_example: dict[Any, dict[int, int]] = {}  # memory -> start -> bytes
         self._single_calls: dict[str, Any] = {}  # tensor -> its single-fault call
+        self._single_why: dict[str, str] = {}  # tensor -> why that path (``plan``)
+        self._roles: Any = None  # how the graph's nodes follow the batch (batch_roles)
         self._golden = GoldenRuns()
         self._graph: Any = None  # None: not traced yet; False: untraceable
         self._replica: tuple[Any, dict[str, Any]] | None = None  # (model, its tensors)
@@ -214,8 +221,8 @@ class TorchEvaluator(SingleFaultPaths, CleanActivations, ReplicaWrites):
                         singles.setdefault(name, []).append(
                             (k, int(fmap.indices[0]), int(fmap.masks[0])))
                         continue
-                    if self.graph() is not None:
-                        out[k] = self._predict_layer(name, fmap, memory)
+                    if self.graph() is not None and name not in self._full_only:
+                        out[k] = self._layer_or_full(name, fmap, memory)
                         continue
                 out[k] = self._predict_full(active, memory)
             if singles:  # one pass over the data for every tensor's single faults
@@ -225,6 +232,27 @@ class TorchEvaluator(SingleFaultPaths, CleanActivations, ReplicaWrites):
             if self._undo and self._holds == self._key(memory):
                 self._put_back(memory)  # the replica holds its stored values again
         return [np.asarray(p) for p in out]
+
+    def _layer_or_full(self, path: str, fmap: FaultMap, memory: Memory) -> np.ndarray:
+        """The layer path; where it fails (an assumption of the traced graph), the whole
+        model, said once per tensor and recorded in ``fallbacks``."""
+        if path in self._full_only:
+            return self._predict_full({path: fmap}, memory)
+        try:
+            return self._predict_layer(path, fmap, memory)
+        except Exception as err:
+            name = next(n for n, p in self._path.items() if p == path)
+            self._full_only.add(path)
+            self.fallbacks[name] = f"layer path: {type(err).__name__}: {err}"
+            warnings.warn(f"TorchEvaluator: the layer path failed on tensor {name!r} "
+                          f"({type(err).__name__}: {err}); its trials run the whole model",
+                          RuntimeWarning, stacklevel=3)
+            return self._predict_full({path: fmap}, memory)
+
+    def plan(self, memory: Memory | None = None) -> Plan:
+        """Which path each target tensor's faults take and why (``bitfault.torch.plan``);
+        with ``memory``, also whether the traced graph reproduces its golden run."""
+        return evaluation_plan(self, memory)
 
     def _by_path(self, maps: Maps) -> Maps:
         """``maps`` keyed by model path (they come keyed by public name)."""

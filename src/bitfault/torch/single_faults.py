@@ -12,6 +12,7 @@ layers (``bitfault.torch.rank_one``; see docs/campaigns.md).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,7 @@ import numpy as np
 from bitfault.campaign.evaluator import predicted_labels, stores_elementwise
 from bitfault.maps import FaultMap
 from bitfault.memory import Memory
+from bitfault.torch.batch_roles import BatchRoles
 from bitfault.torch.channel_ops import channel_step
 from bitfault.torch.conv_calls import ConvCall, captured, conv_call
 from bitfault.torch.graph import TracedGraph, run_nodes, submodule
@@ -71,12 +73,19 @@ class SingleFaultPaths:
 
     model: Any
     device: Any
+    x: Any
     labels: np.ndarray
     max_bytes: int
     _clean: dict[str, Any]
+    _path: dict[str, str]
     _owner: dict[str, tuple[str, str, str]]
     _aliases: dict[str, list[str]]
     _single_calls: dict[str, ConvCall | bool | None]
+    _single_why: dict[str, str]  # tensor -> why its single faults take the path they take
+    _roles: BatchRoles | bool | None  # None: not probed yet; False: the probe failed
+    _shortcut_faults: dict[str, int]  # tensor -> single faults the shortcut evaluated
+    fallbacks: dict[str, str]  # tensor -> the error its shortcut failed with at run time
+    _layer_or_full: Any
 
     def _single_ok(self, name: str) -> bool:
         """Whether a single fault in tensor ``name`` can take the shortcut (asked once per
@@ -84,25 +93,65 @@ class SingleFaultPaths:
         if self.graph() is None:
             return False
         if name not in self._single_calls:
-            self._single_calls[name] = self._single_call(name)
+            self._single_calls[name], self._single_why[name] = self._single_call(name)
         return self._single_calls[name] is not False
 
-    def _single_call(self, name: str) -> ConvCall | bool | None:
-        """The convolution call behind weight ``name``, None for an ``nn.Linear`` called on
-        one input, False when the shortcut does not apply."""
+    def _single_call(self, name: str) -> tuple[ConvCall | bool | None, str]:
+        """(the convolution call behind weight ``name``, None for an ``nn.Linear`` called on
+        one input, False when the shortcut does not apply; why)."""
         from torch import nn
 
         module, _, attr = self._owner[name]
         mod = self.model.get_submodule(module) if module else self.model
-        if attr != "weight" or name in self._aliases:
-            return False
+        if attr != "weight":
+            return False, f"a {attr}, not a weight: recomputed from its module on"
+        if name in self._aliases:
+            return False, "a tied tensor (read by several modules)"
         if isinstance(mod, nn.Linear):
             seeds = self.graph().seeds(name)
             ok = (len(seeds) == 1 and seeds[0].op == "call_module" and seeds[0].target == module
                   and len(seeds[0].args) == 1 and not seeds[0].kwargs)
-            return None if ok else False
-        call = conv_call(self.graph(), self.model, name)
-        return False if call is None else call
+            call: ConvCall | bool | None = None if ok else False
+            why = "nn.Linear: the changed output column" if ok else \
+                "nn.Linear not called once on one input"
+        else:
+            call = conv_call(self.graph(), self.model, name)
+            why = (f"{type(mod).__name__}: the changed output channel" if call is not None
+                   else f"{type(mod).__name__}: not a convolution the shortcut can prove")
+            call = False if call is None else call
+        if call is False:
+            return False, why
+        roles = self.batch_roles()
+        if roles is None:
+            return False, "the graph does not run on 2 and 3 examples"
+        g = self.graph()
+        mixing = roles.first_mixing(g, g.dependents(g.seeds(name)))
+        if mixing is not None:
+            return False, f"node {mixing.name!r} after it mixes examples"
+        return call, why
+
+    def batch_roles(self) -> BatchRoles | None:
+        """How the graph's nodes follow the batch (``batch_roles``), probed once; None when
+        the graph does not run on 2 and 3 examples."""
+        if self._roles is None:
+            try:
+                self._roles = BatchRoles.probe(self.graph(), self.model, self.x)
+            except Exception:  # the exact paths still apply
+                self._roles = False
+        return self._roles or None
+
+    def _fall_back(self, name: str, err: Exception) -> None:
+        """The shortcut failed on tensor ``name``: its faults take the layer path from now
+        on; said once per tensor, and recorded (``fallbacks``, ``plan()``)."""
+        self._single_calls[name] = False
+        text = f"{type(err).__name__}: {err}"
+        self._single_why[name] = f"the shortcut failed at run time ({text})"
+        public = next((n for n, p in self._path.items() if p == name), name)
+        if public not in self.fallbacks:
+            self.fallbacks[public] = text
+            warnings.warn(f"TorchEvaluator: the single-fault shortcut failed on tensor "
+                          f"{public!r} ({text}); its faults take the exact layer path",
+                          RuntimeWarning, stacklevel=4)
 
     def _predict_singles(self, singles: Mapping[str, list[tuple[int, int, int]]],
                          memory: Memory) -> dict[int, np.ndarray]:
@@ -124,9 +173,19 @@ class SingleFaultPaths:
             with torch.no_grad():
                 for b, clean in self._env_chunks(memory, min(j.start for j in jobs)):
                     for job in jobs:
-                        if not job.layer_path:
-                            job.layer_path = not self._singles_chunk(
-                                job, b, clean, stored_all, params, preds)
+                        if job.layer_path:
+                            continue
+                        try:
+                            why = self._singles_chunk(job, b, clean, stored_all, params, preds)
+                        except Exception as err:  # an assumption failed: the exact path
+                            self._fall_back(job.name, err)
+                            why = self._single_why[job.name]
+                        if why is not None:
+                            job.layer_path = True
+                            self._single_why[job.name] = why
+                        elif b.stop == len(self.labels):
+                            self._shortcut_faults[job.name] = \
+                                self._shortcut_faults.get(job.name, 0) + len(job.faults)
         for job in jobs:
             if job.layer_path:  # not provably the shortcut's computation: the layer path
                 self._layer_each(job.name, job.faults, memory, preds)
@@ -167,9 +226,9 @@ class SingleFaultPaths:
 
     def _singles_chunk(self, job: SinglesJob, b: slice, clean: dict[Any, Any],
                        stored_all: Mapping[str, Any], params: Mapping[str, Any],
-                       preds: dict[int, np.ndarray]) -> bool:
+                       preds: dict[int, np.ndarray]) -> str | None:
         """Evaluate ``job``'s faults on examples ``b`` (``clean``: their clean values);
-        False (and nothing done) when the shortcut does not provably apply."""
+        why not (and nothing done) when the shortcut does not provably apply."""
         import torch
 
         g, call, node, faults = self.graph(), job.call, job.node, job.faults
@@ -177,13 +236,13 @@ class SingleFaultPaths:
         shape = tuple(stored.shape)
         n = b.stop - b.start
         if call is None and clean[node.args[0]].ndim != 2:
-            return False  # (batch, ..., features): the layer path
+            return "nn.Linear on (batch, ..., features), not (batch, features)"
         conv = xin = bias = None
         per_fault = len(faults)
         if call is not None:
             got = self._conv_inputs(call, clean, stored_all, job.name)
-            if got is None:  # not provably one convolution
-                return False
+            if got is None:
+                return "its module's forward is not provably one convolution"
             conv, xin, bias = got
             # bytes per fault: its output channel and input group
             per_out = clean[node][0].numel() // max(1, shape[0])
@@ -206,14 +265,14 @@ class SingleFaultPaths:
                 kernels = kernels.reshape(len(idx), *shape[1:])
                 new = conv.channels(xin, kernels, None if bias is None else bias[col],
                                     col, shape[0])
-            self._suffix(g, node, job.dirty, clean, new, col, c, params, n, faults, preds,
+            self._suffix(g, node, job.dirty, clean, new, col, c, params, faults, preds,
                          b.start)
-        return True
+        return None
 
     def _layer_each(self, name: str, faults: list[tuple[int, int, int]], memory: Memory,
                     preds: dict[int, np.ndarray]) -> None:
         for k, e, m in faults:
-            preds[k] = self._predict_layer(name, self._single_map(name, e, m), memory)
+            preds[k] = self._layer_or_full(name, self._single_map(name, e, m), memory)
 
     def _conv_inputs(self, call: ConvCall, clean: Mapping[Any, Any],
                      stored_all: Mapping[str, Any], name: str) -> tuple[ConvCall, Any, Any] | None:
@@ -234,7 +293,7 @@ class SingleFaultPaths:
         return call, clean[call.input], bias
 
     def _suffix(self, g: TracedGraph, node: Any, dirty: set[Any], clean: dict[Any, Any],
-                vals: Any, col: Any, first: int, params: Mapping[str, Any], n_batch: int,
+                vals: Any, col: Any, first: int, params: Mapping[str, Any],
                 faults: list[tuple[int, int, int]], preds: dict[int, np.ndarray],
                 offset: int) -> None:
         """Run the dirty nodes after ``node`` for faults ``first ...`` at once.
@@ -245,13 +304,16 @@ class SingleFaultPaths:
         adds) run on these channels alone (``(N, F, ...)``); an example whose channel is
         back to clean is clean from there on. The first other operation gets whole rows,
         only for changed (example, fault) pairs, stacked along the batch dimension in
-        memory-sized chunks: the same calls as the model's forward; when it is a Linear or
+        memory-sized chunks: the same calls as the model's forward, with the clean values
+        they read taken as those rows (``batch_roles``: a size read from the batch is
+        computed again for the stacked rows); when it is a Linear or
         a plain 1x1 convolution (``rank_one.channel_map``) and every change is finite, its
         output is the clean one plus ``delta * W[:, c]`` instead, carried on in that form
         as far as ``rank_one.carry`` goes (equal to whole rows to rounding).
         """
         import torch
 
+        roles = self.batch_roles()
         after = [n for n in g.nodes[g.position[node] + 1:] if n in dirty]
         prev, k = node, 0
         changed = _changed(vals, clean[node].index_select(1, col))
@@ -292,14 +354,16 @@ class SingleFaultPaths:
                 for inp in n.all_input_nodes:
                     if inp in env:
                         continue
-                    v = clean[inp]
                     if inp in low:
-                        env[inp] = materialize(v[rn], low[inp], delta)
+                        env[inp] = materialize(clean[inp][rn], low[inp], delta)
                     else:
-                        env[inp] = (v[rn] if isinstance(v, torch.Tensor) and v.ndim
-                                    and len(v) == n_batch else v)
+                        roles.fill(inp, env, clean, rn, self.model, params)
                 run_nodes(self.model, [n], env, params, None)
-            labels = predicted_labels(env[g.output].float().cpu().numpy())
+            out = env[g.output]
+            if not isinstance(out, torch.Tensor) or out.ndim == 0 or len(out) != len(rn):
+                raise RuntimeError(f"the graph's output on {len(rn)} stacked rows has shape "
+                                   f"{tuple(getattr(out, 'shape', ()))}, not {len(rn)} rows")
+            labels = predicted_labels(out.float().cpu().numpy())
             rn_np, rf_np = rn.cpu().numpy(), rf.cpu().numpy() + first
             for f in np.unique(rf_np):
                 sel = rf_np == f

@@ -1,0 +1,166 @@
+"""How each node of a traced graph follows the batch, for the single-fault shortcut.
+
+The shortcut runs the rest of the graph on the changed (example, fault) pairs stacked
+along the batch dimension, a row count that is not the clean batch's. A clean value it
+reads must then be taken as that many rows, and a value computed from the batch size
+(``bs = x.size(0)`` read from the input, then ``y.view(bs, -1)``) must be computed again
+for that row count. ``BatchRoles.probe`` finds out which is which by running the graph
+on 2 and on 3 examples, node by node (each value dropped after its last use):
+
+* ``ROWS``: a tensor whose dim 0 is the batch (2, then 3; the other dims equal): the
+  shortcut takes the clean value's changed rows;
+* ``SIZED``: anything else that changes with the batch size (a size, a shape, a tensor
+  with the batch in another dim): computed again from its inputs on the changed rows;
+* ``FIXED``: the same at both sizes (a constant, a weight, a reduction over the batch of
+  a clean value): the clean value as it is.
+
+A node whose rows are not computed from their own example alone (a tensor whose first
+two rows differ between the two runs: a softmax over the batch, ``x / x.size(0)``; or a
+``FIXED`` tensor whose values differ: a mean over the batch) ``mixes`` examples: a fault
+before it changes every example, so the shortcut does not apply to it (the layer path
+does, on whole batches).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from bitfault.torch.graph import TracedGraph, run_nodes
+
+ROWS, SIZED, FIXED = "rows", "sized", "fixed"
+# metadata reads: a node that only asks its input's shape gets an expanded view of one
+# row (no copy) instead of the changed rows themselves
+_META_METHODS = frozenset({"size", "dim", "ndimension"})
+_META_ATTRS = frozenset({"shape", "ndim", "dtype", "device"})
+
+
+def _close(a: Any, b: Any) -> bool:
+    """Equal values: integers and booleans exactly, floats to 1e-3 of their magnitude
+    (a convolution's rows may differ in the last bits between batch sizes), NaN equal."""
+    import torch
+
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if not (a.is_floating_point() or a.is_complex()):
+        return bool(torch.equal(a, b))
+    if a.numel() == 0:
+        return True
+    a, b = a.double(), b.double()
+    both = torch.isnan(a) & torch.isnan(b)
+    same = (a == b) | both  # infinities of one sign too
+    finite = torch.isfinite(a) & torch.isfinite(b)
+    if not bool((same | finite).all()):
+        return False
+    scale = float(torch.where(finite, a.abs(), torch.zeros_like(a)).max())
+    diff = torch.where(finite, (a - b).abs(), torch.zeros_like(a))
+    return float(diff.max()) <= 1e-3 * scale + 1e-12
+
+
+def _classify(two: Any, three: Any) -> tuple[str, bool]:
+    """(role, mixes) of a node from its values on 2 and on 3 examples."""
+    import torch
+
+    if isinstance(two, torch.Tensor) and isinstance(three, torch.Tensor):
+        if two.shape == three.shape:
+            return FIXED, not _close(two, three)
+        if two.ndim and three.ndim == two.ndim and len(two) == 2 and len(three) == 3 and \
+                two.shape[1:] == three.shape[1:]:
+            return ROWS, not _close(two, three[:2])
+        return SIZED, False
+    if isinstance(two, (tuple, list)) and isinstance(three, (tuple, list)) and \
+            type(two) is type(three) and len(two) == len(three):
+        parts = [_classify(a, b) for a, b in zip(two, three, strict=True)]
+        role = FIXED if all(r == FIXED for r, _ in parts) else SIZED
+        return role, any(m for _, m in parts)
+    try:
+        same = bool(type(two) is type(three) and two == three)
+    except Exception:  # values that cannot be compared: computed again
+        same = False
+    return (FIXED if same else SIZED), False
+
+
+@dataclass(frozen=True)
+class BatchRoles:
+    """Each node's role (``ROWS`` / ``SIZED`` / ``FIXED``) and the nodes that mix
+    examples, found by ``probe``."""
+
+    role: Mapping[Any, str]
+    mixing: frozenset[Any]
+
+    @classmethod
+    def probe(cls, g: TracedGraph, model: Any, x: Any) -> BatchRoles:
+        """Run ``g`` on the first 2 and the first 3 examples of ``x`` (repeated where it
+        has fewer) side by side, classifying each node as it is computed."""
+        import torch
+
+        n = len(x)
+        xs = [x[torch.arange(k, device=x.device) % n] for k in (2, 3)]
+        envs: list[dict[Any, Any]] = [{}, {}]
+        role: dict[Any, str] = {}
+        mixing = set()
+        with torch.no_grad():
+            for pos, node in enumerate(g.nodes):
+                for env, xk in zip(envs, xs, strict=True):
+                    run_nodes(model, [node], env, {}, xk)
+                role[node], mixes = _classify(envs[0][node], envs[1][node])
+                if mixes:
+                    mixing.add(node)
+                for env in envs:
+                    g.drop_dead(env, pos, (), [*node.all_input_nodes, node])
+        return cls(role, frozenset(mixing))
+
+    def first_mixing(self, g: TracedGraph, dirty: Iterable[Any]) -> Any:
+        """The first node of ``dirty`` (in graph order) that mixes examples, or None."""
+        found = [n for n in dirty if n in self.mixing]
+        return min(found, key=g.position.__getitem__) if found else None
+
+    def sources(self, nodes: Iterable[Any]) -> set[Any]:
+        """What computing the ``SIZED`` nodes among ``nodes`` again reads: their inputs,
+        and through ``SIZED`` inputs theirs, on to ``ROWS`` and ``FIXED`` values."""
+        out: set[Any] = set()
+        todo = [n for n in nodes if self.role.get(n) == SIZED]
+        while todo:
+            for inp in todo.pop().all_input_nodes:
+                if inp not in out:
+                    out.add(inp)
+                    if self.role.get(inp) == SIZED:
+                        todo.append(inp)
+        return out
+
+    def fill(self, node: Any, env: dict[Any, Any], clean: Mapping[Any, Any], rows: Any,
+             model: Any, params: Mapping[str, Any]) -> None:
+        """Put into ``env`` the value of clean node ``node`` on the changed rows ``rows``
+        (indices into the clean batch): its rows, or computed again from its inputs'
+        (``SIZED``), or the clean value (``FIXED``)."""
+        role = self.role.get(node, FIXED)
+        if role == ROWS:
+            env[node] = clean[node][rows]
+        elif role == SIZED and node.op not in ("placeholder", "get_attr"):
+            views = []  # inputs whose shape alone is read: one row expanded, no copy
+            for inp in node.all_input_nodes:
+                if inp in env:
+                    continue
+                if _meta(node) and self.role.get(inp) == ROWS:
+                    v = clean[inp]
+                    env[inp] = v[:1].expand(len(rows), *v.shape[1:])
+                    views.append(inp)
+                else:
+                    self.fill(inp, env, clean, rows, model, params)
+            run_nodes(model, [node], env, params, None)
+            for inp in views:  # never taken for the rows themselves
+                del env[inp]
+        else:
+            env[node] = clean[node]
+
+
+def _meta(node: Any) -> bool:
+    """Whether ``node`` reads only its first input's metadata (``x.size(0)``, ``x.shape``)."""
+    if node.op == "call_method":
+        return node.target in _META_METHODS
+    return node.op == "call_function" and node.target is getattr and len(node.args) == 2 \
+        and node.args[1] in _META_ATTRS
+
+
+__all__ = ["FIXED", "ROWS", "SIZED", "BatchRoles"]
