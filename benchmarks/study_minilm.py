@@ -13,7 +13,7 @@ over every chip and text; the mean Spearman over chips (min, max) beside the fau
 one in that format and float32's; the share of non-finite trials (a NaN/Inf reached an
 embedding) and of masked ones (every embedding bit-identical), with Wilson intervals.
 
-A check (``--no-check`` skips it): per format one faulty trial (the corrupted, finite one
+A check (``--no-check`` skips it): per format one faulty trial (a changed, finite one
 at the highest rate, else any) is recomputed by hand: ``bitfault.inject`` of every weight
 written into a copy of the model, the embeddings and their Spearman (scipy) computed
 here; the engine's stored Spearman and non-finite pairs must agree.
@@ -184,10 +184,10 @@ def weight_damage(maps: dict, fmt: Any, shapes: dict, rows: dict, clean: dict
 
 
 def check_trial(records: list) -> Any:
-    """The trial to recompute by hand: the corrupted one (faulty, finite) at the highest
+    """The trial to recompute by hand: a changed one (faulty, finite) at the highest
     rate, lowest chip; else (every faulty trial non-finite) the lowest chip there."""
-    corrupted = [r for r in records if r.metrics["corrupted"]]
-    pool = corrupted or records
+    changed = [r for r in records if not r.metrics["masked"] and not r.metrics["non_finite"]]
+    pool = changed or records
     return min(pool, key=lambda r: (-r.ber, r.chip))
 
 
@@ -197,14 +197,15 @@ def summarise(name: str, ber: float, records: list, clean: dict, float32: float,
     faulty bits; ``damage``: its ``weight_damage``)."""
     import numpy as np
 
+    from bitfault.campaign.metrics import trial_outcome
     from bitfault.stats import wilson_interval
 
     n = len(records)
     m = [r.metrics for r in records]
     per_chip = [{"chip": r.chip, "seed": r.seed, "faulty_bits": b, **(d or {}),
                  **{k: r.metrics[k] for k in ("spearman", "cosine", "cosine_min",
-                                               "pairs_nonfinite", "masked", "non_finite",
-                                               "corrupted")}}
+                                               "pairs_nonfinite", "masked", "non_finite")},
+                 "outcome": trial_outcome(r.metrics)}
                 for r, b, d in zip(records, bits, damage, strict=True)]
     row = {"format": name, "ber": ber, "chips": n, "faulty_bits_mean": float(np.mean(bits)),
            "cosine_mean": float(np.mean([v["cosine"] for v in m])),
@@ -214,8 +215,9 @@ def summarise(name: str, ber: float, records: list, clean: dict, float32: float,
            "spearman_max": float(max(v["spearman"] for v in m)),
            "spearman_clean": clean["spearman"], "spearman_float32": float32,
            "pairs_nonfinite_mean": float(np.mean([v["pairs_nonfinite"] for v in m]))}
-    for outcome in ("non_finite", "masked", "corrupted"):
-        k = int(sum(v[outcome] for v in m))
+    classes = [trial_outcome(v) for v in m]
+    for outcome in ("non_finite", "masked", "benign", "sdc"):
+        k = classes.count(outcome)
         low, high = wilson_interval(k, n)
         row.update({f"{outcome}_share": k / n, f"{outcome}_interval": [low, high]})
     if damage and damage[0] is not None:  # chips by their worst weight: (chips, non-finite)

@@ -11,6 +11,7 @@ import bitfault as bf
 from bitfault.campaign.metrics import (
     OutputMetric,
     make_records,
+    memory_outcome_summary,
     outcome,
     outcome_summary,
     trial_outcome,
@@ -129,6 +130,19 @@ def test_outcome_summary_gives_every_class_and_reads_older_stores():
     assert trial_outcome({"masked": 0, "non_finite": 1, "corrupted": 0}) == "non_finite"
     with pytest.raises(KeyError, match="OutputMetric"):
         trial_outcome({"accuracy": 0.5})
+
+
+def test_memory_outcomes_tell_masked_from_benign():
+    def trial(detected, accuracy, silent):
+        return SimpleNamespace(kind="rate", ber=1e-3, metrics={
+            "detected": detected, "accuracy": accuracy, "words_silent": silent,
+            "raw_bit_errors": 2, "words_corrected": 1, "words_due": detected})
+
+    records = [trial(1, 0.5, 0), trial(0, 0.8, 3), trial(0, 0.9, 0), trial(0, 0.9, 2),
+               trial(0, 0.9, 0)]
+    (row,) = memory_outcome_summary(records, clean_accuracy=0.9)
+    assert (row["detected"], row["sdc"], row["masked"], row["benign"]) == (0.2, 0.2, 0.4, 0.2)
+    assert (row["benign_low"], row["benign_high"]) == wilson_interval(1, 5)
 
 
 @pytest.mark.parametrize("kind,shape", [("accuracy", (4, 3, 5)), ("accuracy", (4,)),

@@ -85,11 +85,13 @@ def expected(rows: list[dict[str, Any]], clean: Fraction, bits: int) -> dict[flo
         acc = [Fraction(m["correct"], m["n"]) for m in ms]
         detected = sum(m["detected"] == 1 for m in ms)
         sdc = sum(m["detected"] == 0 and a < clean for m, a in zip(ms, acc, strict=True))
+        masked = sum(m["detected"] == 0 and m["words_silent"] == 0 for m in ms)
         out[rate] = {"n": len(ms), "mean": sum(acc) / len(acc),
                      "raw_ber": float(sum(Fraction(m["raw_bit_errors"], bits) for m in ms)
                                       / len(ms)),
                      "detected": detected / len(ms), "sdc": sdc / len(ms),
-                     "masked": (len(ms) - detected - sdc) / len(ms)}
+                     "masked": masked / len(ms),
+                     "benign": (len(ms) - detected - sdc - masked) / len(ms)}
     return out
 
 

@@ -314,8 +314,10 @@ def memory_outcome_summary(records: Iterable[Any], clean_accuracy: float,
     """Per rate of a campaign on a stored memory (trials that recorded the decoder's
     outcomes): the share of trials ``detected`` (a word was detected uncorrectable: the
     trial is flagged), of silent data corruption ``sdc`` (not detected, accuracy below the
-    fault-free accuracy) and ``masked`` (the rest), each with its Wilson interval, and the
-    mean raw bit errors and words corrected, detected and silently corrupted per trial."""
+    fault-free accuracy), ``masked`` (every word read back as stored: the outputs are the
+    fault-free ones) and ``benign`` (the rest: words read back wrong, accuracy kept), each
+    with its Wilson interval, and the mean raw bit errors and words corrected, detected and
+    silently corrupted per trial."""
     groups: dict[float, list[Mapping[str, float]]] = {}
     for r in records:
         if r.kind == "rate" and "detected" in r.metrics:
@@ -325,8 +327,11 @@ def memory_outcome_summary(records: Iterable[Any], clean_accuracy: float,
         n = len(ms)
         detected = sum(int(m["detected"]) for m in ms)
         sdc = sum(not m["detected"] and m["accuracy"] < clean_accuracy for m in ms)
+        masked = sum(not m["detected"] and m["accuracy"] >= clean_accuracy
+                     and not m["words_silent"] for m in ms)
         row: dict[str, Any] = {"ber": ber, "trials": n, "confidence": confidence}
-        for name, k in (("detected", detected), ("sdc", sdc), ("masked", n - detected - sdc)):
+        for name, k in (("detected", detected), ("sdc", sdc), ("masked", masked),
+                        ("benign", n - detected - sdc - masked)):
             lo, hi = wilson_interval(k, n, confidence)
             row.update({name: k / n, f"{name}_low": lo, f"{name}_high": hi})
         for key in ("raw_bit_errors", "words_corrected", "words_due", "words_silent"):

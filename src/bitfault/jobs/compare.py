@@ -6,9 +6,9 @@ Each (recipe, memory) pair is one entry of ``summary.json``'s ``models``, keyed
 same chips. ``compare_schemes`` puts the schemes of each recipe side by side: accuracy
 against the *raw* bit error rate (the trials' measured raw bit errors over the physical
 bits, data and check, of the planes the campaign faults, so a scheme with check bits is
-compared at the same physical fault density), the masked / SDC / detected shares, the
-storage overhead and the highest rate whose accuracy stays within 0.5 points of
-fault-free. Framework-free.
+compared at the same physical fault density), the masked / benign / SDC / detected
+shares, the storage overhead and the highest rate whose accuracy stays within 0.5 points
+of fault-free. Framework-free.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def robust_rate(points: Iterable[Mapping[str, Any]], clean: float,
     return best
 
 
-_SHARES = ("detected", "sdc", "masked")
+_SHARES = ("detected", "sdc", "benign", "masked")
 
 
 def scheme_points(entry: Mapping[str, Any]) -> list[dict[str, Any]]:

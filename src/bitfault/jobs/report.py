@@ -163,15 +163,17 @@ def _make_report(rd: RunDir, reporter: Reporter) -> dict[str, str]:
                  "overhead": ", ".join(f"{p} {v:.1%}" for p, v in mem["overhead"].items()),
                  "rate": f"{o['ber']:g}", "trials": o["trials"],
                  **{k: f"{o[k]:.0%} ({o[f'{k}_low']:.0%}-{o[f'{k}_high']:.0%})"
-                    for k in ("detected", "sdc", "masked")},
+                    for k in ("detected", "sdc", "benign", "masked")},
                  "words corrected / DUE / silent per trial":
                      f"{o['words_corrected']:.1f} / {o['words_due']:.1f} / "
                      f"{o['words_silent']:.1f}"}
                 for name, mem in stored for o in mem["outcomes"]]
         if rows:
-            more_tables.append(("Memory outcomes per rate (share of trials detected, silent "
-                                "data corruption, masked; 95% Wilson intervals)", rows,
-                                tuple(rows[0])))
+            more_tables.append(("Memory outcomes per rate (share of trials detected: a word "
+                                "detected uncorrectable; sdc: silent data corruption, "
+                                "accuracy below fault-free; benign: words read back wrong, "
+                                "accuracy kept; masked: every word read back as stored; 95% "
+                                "Wilson intervals)", rows, tuple(rows[0])))
     return build_report(
         rd.report_dir,
         {n: m["rate"] for n, m in models.items()},

@@ -77,9 +77,11 @@ def build_report(
                                 raw_ber=str(comparison.get("raw_ber", "")))
         figures.append((f"{model}: accuracy vs raw bit error rate for each memory, on the "
                         "same simulated chips (mean over chips, 95% interval band; "
-                        "no-fault accuracy dashed), and the share of trials masked, silently "
-                        "corrupted (accuracy below fault-free, not detected) and detected "
-                        "(a word detected uncorrectable) at each swept rate. Raw bit error "
+                        "no-fault accuracy dashed), and the share of trials masked (every "
+                        "word read back as stored), benign (words read back wrong, accuracy "
+                        "kept), silently corrupted (accuracy below fault-free, not detected) "
+                        "and detected (a word detected uncorrectable) at each swept rate. "
+                        "Raw bit error "
                         "rate: raw bit errors over physical bits, data and check, so schemes "
                         "with check bits are compared at equal physical fault density.",
                         out[key]))

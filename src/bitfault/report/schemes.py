@@ -1,11 +1,12 @@
 """Memories compared in one campaign: accuracy vs raw bit error rate, one line per scheme,
-the masked / SDC / detected shares beside it, and the overhead vs robust accuracy table.
+the masked / benign / SDC / detected shares beside it, and the overhead vs robust
+accuracy table.
 
 Both read one model's entry of a ``comparison`` (``bitfault.jobs.compare``): its
 ``clean_accuracy`` and ``schemes``, each with ``name``, ``storage``, ``overhead``,
 ``check_bits_per_data_bit``, ``within_tolerance_up_to``, ``raw_ber_within_tolerance`` and
 ``points`` (per rate ``ber``, ``raw_ber``, ``mean``, ``ci_low``, ``ci_high`` and the
-shares ``detected``, ``sdc``, ``masked``).
+shares ``detected``, ``sdc``, ``benign``, ``masked``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from typing import Any
 from bitfault.report.plots import _pyplot, _save
 from bitfault.stats import format_rates
 
-_SHARES = (("masked", "masked", "#4c9a4c"), ("sdc", "silent data corruption", "#d04a3c"),
+_SHARES = (("masked", "masked", "#4c9a4c"), ("benign", "benign", "#9ccc8c"),
+           ("sdc", "silent data corruption", "#d04a3c"),
            ("detected", "detected (DUE)", "#e8a33d"))
 
 
@@ -56,8 +58,8 @@ def pattern_text(storage: Mapping[str, Any]) -> str:
 def plot_schemes(model: str, entry: Mapping[str, Any], path: str | os.PathLike[str], *,
                  raw_ber: str = "") -> str:
     """Left: mean accuracy (95% interval over chips) vs raw bit error rate, one line per
-    scheme, fault-free dashed; right: each scheme's masked / SDC / detected shares per
-    swept rate. ``raw_ber`` (its definition) is written under the plot."""
+    scheme, fault-free dashed; right: each scheme's masked / benign / SDC / detected
+    shares per swept rate. ``raw_ber`` (its definition) is written under the plot."""
     import numpy as np
 
     plt = _pyplot()

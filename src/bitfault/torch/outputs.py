@@ -5,7 +5,7 @@ example, the metric's values comparing the faulty outputs with the clean run's (
 labels where the metric has them), whether the outputs are bit-identical to the clean
 ones and whether they are finite. ``run(evaluator, trials, memory, store,
 metric=evaluator.metric)`` then stores each trial's scores and its outcome (masked,
-non-finite, corrupted). What a trial computes is ``TorchEvaluator``'s: every targeted
+benign, sdc, non-finite). What a trial computes is ``TorchEvaluator``'s: every targeted
 tensor stored in the memory's format, the trial's maps faulting theirs, the model's own
 forward in eval mode under ``torch.no_grad()``; a tied tensor is one memory. One copy of
 the model is kept and written in place; clean outputs are cached in the evaluator's one
