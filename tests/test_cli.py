@@ -56,8 +56,54 @@ def test_bad_input_exits_2_with_one_line(tmp_path: Path) -> None:
     out = bitfault_cli("map", str(tmp_path / "x.npz"), "--shape", "4,4", "--name", "w",
                        "--ber", "1.5")
     assert out.returncode == 2
-    assert out.stderr.strip().splitlines() == ["bitfault: error: ber must be in [0, 1], got 1.5"]
+    assert out.stderr.strip().splitlines() == [
+        "bitfault: error: argument --ber: ber must be in [0, 1], got 1.5"]
     assert not (tmp_path / "x.npz").exists()
+
+
+def test_map_never_overwrites_what_is_not_a_fault_map(tmp_path: Path) -> None:
+    draw = ("--shape", "4,4", "--name", "w", "--ber", "0.1")
+    notes, model, folder = tmp_path / "notes.txt", tmp_path / "model.npz", tmp_path / "maps"
+    notes.write_text("my notes\n")
+    np.savez(model, weights=np.ones(3))
+    folder.mkdir()
+    for target, flags, cause in [
+        (notes, (), f"{notes}: exists; pass --overwrite"),
+        (notes, ("--overwrite",), f"{notes}: exists and is not a bitfault fault map (not an "
+                                  ".npz file), so it is not replaced, even with --overwrite"),
+        (model, ("--overwrite",), f"{model}: exists and is not a bitfault fault map"),
+        (folder, (), f"{folder}: is a directory; give the .npz file to write"),
+        (tmp_path / "no" / "m.npz", (), f"{tmp_path / 'no' / 'm.npz'}: the folder "
+                                        f"{tmp_path / 'no'} does not exist"),
+    ]:
+        out = bitfault_cli("map", str(target), *draw, *flags)
+        assert out.returncode == 2, out.stderr
+        assert out.stderr.startswith(f"bitfault: error: {cause}"), out.stderr
+    assert notes.read_text() == "my notes\n" and list(np.load(model)) == ["weights"]
+    assert list(folder.iterdir()) == []
+    fmap = tmp_path / "m.npz"
+    assert bitfault_cli("map", str(fmap), *draw).returncode == 0
+    assert bitfault_cli("map", str(fmap), *draw).returncode == 2  # exists
+    out = bitfault_cli("map", str(fmap), "--shape", "4,4", "--name", "w", "--ber", "0.5",
+                       "--overwrite")
+    assert out.returncode == 0, out.stderr
+    assert bf.FaultMap.load(fmap).meta["ber"] == 0.5
+
+
+def test_map_refuses_an_empty_name_and_maps_too_large_naming_the_flag(tmp_path: Path) -> None:
+    out = tmp_path / "m.npz"
+    for args, cause in [
+        (("--shape", "4,4", "--name", "", "--ber", "0.1"), "argument --name: name must be a "
+                                                           "tensor name"),
+        (("--shape", "100000,100000,100000", "--name", "w", "--ber", "1e-3"),
+         "argument --ber: ber 0.001 on shape (100000, 100000, 100000)"),
+        (("--shape", "1000000000,1000000000", "--name", "w", "--ber", "1e-3"),
+         "argument --shape: shape (1000000000, 1000000000) has 3.2e+19 bit cells"),
+    ]:
+        done = bitfault_cli("map", str(out), *args)
+        assert done.returncode == 2 and done.stderr.startswith(f"bitfault: error: {cause}"), \
+            done.stderr
+    assert not out.exists()
 
 
 # ---- the run commands: exit codes and --json on bad input (no framework needed) -------------

@@ -176,6 +176,8 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--bits", type=bits_arg, default=None,
                    help='eligible bits: positions or fields, e.g. "msb"; a block format\'s '
                         'other planes by name: "scale", "scale.exponent"')
+    m.add_argument("--overwrite", action="store_true", help="replace an existing OUT if it "
+                   "is a bitfault fault map (any other file is never replaced)")
     for s in (d, t, c, r, i, m):
         _common(s)
     return parser
@@ -295,20 +297,23 @@ def _inject(args: argparse.Namespace, reporter: Any) -> tuple[dict[str, Any], st
 
 
 def _map(args: argparse.Namespace, reporter: Any) -> tuple[dict[str, Any], str]:
-    from bitfault.faults import BitFlip
-    from bitfault.maps import FaultMap
+    from bitfault.errors import ArgumentError
+    from bitfault.jobs.map_file import draw_map_file
 
-    fmap = FaultMap.random(args.shape, args.format, ber=args.ber, count=args.count,
-                           seed=args.seed, name=args.name, bits=args.bits, fault=BitFlip())
-    fmap.save(args.output)
-    summary = {"output": args.output, "name": fmap.name, "shape": list(fmap.shape),
-               "faults": fmap.n_faults, "elements": fmap.n_elements, "digest": fmap.digest(),
-               "planes": {p: {"name": m.name, "shape": list(m.shape), "faults": m.n_faults}
-                          for p, m in fmap.planes.items()}}
-    planes = "".join(f", {m.n_faults} in {m.name} {m.shape}" for m in fmap.planes.values())
-    codes = fmap.n_faults - sum(m.n_faults for m in fmap.planes.values())
-    return summary, (f"wrote {args.output}: {codes} faulty bits in {fmap.n_elements} "
-                     f"elements of {args.name} {fmap.shape}{planes}")
+    try:
+        out = draw_map_file(args.output, args.shape, args.format, name=args.name, ber=args.ber,
+                            count=args.count, seed=args.seed, bits=args.bits,
+                            overwrite=args.overwrite)
+    except ArgumentError as exc:  # name the flag: --shape, --ber, --count, --name, --bits
+        flag = exc.argument.split("[", 1)[0]
+        if flag in ("shape", "ber", "count", "name", "bits", "seed"):
+            raise ValueError(f"argument --{flag}: {exc}") from None
+        raise
+    planes = "".join(f", {p['faults']} in {p['name']} {tuple(p['shape'])}"
+                     for p in out["planes"].values())
+    codes = out["faults"] - sum(p["faults"] for p in out["planes"].values())
+    return out, (f"wrote {out['output']}: {codes} faulty bits in {out['elements']} "
+                 f"elements of {out['name']} {tuple(out['shape'])}{planes}")
 
 
 COMMANDS = {"demo": _demo, "train": _train, "campaign": _campaign, "report": _report,

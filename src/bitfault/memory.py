@@ -29,7 +29,7 @@ from bitfault.formats import (
 )
 from bitfault.formats.base import cast_quietly
 from bitfault.formats.blocks import CODES
-from bitfault.maps import FaultMap
+from bitfault.maps import FaultMap, check_map_format
 
 _KEYS = ("format", "fault")
 
@@ -209,6 +209,7 @@ def _check_plane_fits(fmap: FaultMap, shape: tuple[int, ...], fmt: Format,
                             requirement=f"{argument} {fmap.name!r} has faults above bit "
                                         f"{fmt.bits - 1}, the top bit of a {fmt.bits}-bit word "
                                         f"of {type(fmt).__name__}")
+    check_map_format(fmap, fmt, argument)
 
 
 def plane_faults(fmap: FaultMap, fmt: Format, fault: FaultModel, plane: str = CODES,

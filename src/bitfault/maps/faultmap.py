@@ -21,13 +21,16 @@ from bitfault.errors import ArgumentError, check_rate, check_seed
 from bitfault.faults import BitSelection, resolve_bits
 from bitfault.formats import (
     Format,
+    format_from_dict,
     is_block_format,
     is_format,
+    plane_formats,
     plane_map_name,
     split_by_plane,
 )
 from bitfault.formats.blocks import CODES
 from bitfault.maps.files import read_map_file, write_map_file
+from bitfault.maps.limits import check_map_size
 from bitfault.maps.sampling import count_faults, rate_faults
 
 
@@ -75,7 +78,9 @@ class FaultMap:
     """Faulty bits of one tensor: sorted flat ``indices`` and a uint32 ``masks`` entry each.
 
     ``meta`` records where the map came from (source, format, fault model, seed,
-    rate or count, bit positions, step) and travels with ``save``/``load``. For a tensor
+    rate or count, bit positions, step) and travels with ``save``/``load``. A map records
+    the format it was drawn for (``format``), and applying it to a tensor stored in
+    another format is an error; ``for_format`` relabels it explicitly. For a tensor
     in a block format the map is that of its codes plane, and ``planes`` holds the maps
     of its other planes by plane name (``"scale"``: a map named ``"<name>:scale"`` of the
     scale plane's shape); a plane without an entry has no fault.
@@ -202,10 +207,14 @@ class FaultMap:
             meta["fault"] = fault.to_dict()
         if ber is not None:
             rates = _rates_by_position(ber, fmt, positions)
+            check_map_size(dims, fmt.bits, n * sum(rates.values()), "ber", ber)
             meta["ber"] = ber if isinstance(ber, (int, float)) else [
                 rates.get(p, 0.0) for p in range(fmt.bits)]
             idx, masks = rate_faults(n, fmt.bits, rates, seed, name, step)
         else:
+            if isinstance(count, (int, np.integer)) and not isinstance(count, bool):
+                check_map_size(dims, fmt.bits, min(int(count), n * len(positions)), "count",
+                               count)
             idx, masks = count_faults(n, fmt.bits, positions, count, seed, name, step)
             meta["count"] = int(count)  # type: ignore[arg-type]
         return cls._checked(dims, idx, masks.astype(np.uint32, copy=False), name, meta)
@@ -239,6 +248,42 @@ class FaultMap:
         codes = maps.pop(CODES)
         meta = {**codes.meta, "format": fmt.to_dict()}
         return cls._checked(dims, codes.indices, codes.masks, name, meta, maps)
+
+    @property
+    def format(self) -> Format | None:
+        """The format the map was drawn for (``meta["format"]``); None for a map that records
+        none (``from_mask`` without one, ``empty``, maps built from arrays): such a map fits
+        any format whose words hold its bits."""
+        found = self.__dict__.get("_format", False)
+        if found is False:
+            recorded = self.meta.get("format") if isinstance(self.meta, Mapping) else None
+            try:
+                found = None if recorded is None else format_from_dict(dict(recorded))
+            except (TypeError, ValueError, KeyError) as exc:
+                raise ValueError(f"fault map {self.name!r}: meta['format'] is not a format "
+                                 f"({exc})") from None
+            self.__dict__["_format"] = found
+        return found
+
+    def for_format(self, fmt: Format) -> FaultMap:
+        """The same faults (element indices and bit positions) recorded as drawn for
+        ``fmt``: the explicit way to apply a map drawn for one format to a tensor stored in
+        another (a bit position may mean something else there: the sign of an 8-bit code
+        is a fraction bit of a 16-bit fixed-point word). A block format's planes are
+        relabelled with its plane formats."""
+        if not is_format(fmt):
+            raise TypeError(f"fmt must be a bitfault format, got {fmt!r}")
+        formats = plane_formats(fmt)
+        unknown = sorted(set(self.planes) - set(formats))
+        if unknown:
+            raise ArgumentError("fmt", fmt, f"a format with the planes {sorted(self.planes)}",
+                                requirement=f"fault map {self.name!r} has maps of the planes "
+                                            f"{unknown}, which {fmt} does not store")
+        meta = {**self.meta, "format": fmt.to_dict()}
+        if self.meta.get("format") not in (None, meta["format"]):
+            meta["converted_from"] = self.meta["format"]
+        planes = {p: m.for_format(formats[p]) for p, m in self.planes.items()}
+        return FaultMap(self.shape, self.indices, self.masks, self.name, meta, planes)
 
     def plane(self, name: str) -> FaultMap | None:
         """The map of plane ``name`` (``"codes"``: this map itself), None when absent."""
@@ -344,4 +389,26 @@ class FaultMap:
         return fmap
 
 
-__all__ = ["FaultMap", "popcount"]
+def check_map_format(fmap: FaultMap, fmt: Format, argument: str = "fmap") -> None:
+    """ArgumentError naming ``argument`` unless ``fmap`` was drawn for ``fmt`` or records no
+    format (``FaultMap.format``); ``fmap.for_format(fmt)`` converts one explicitly."""
+    recorded = fmap.meta.get("format")
+    if recorded is None or _format_key(recorded) == _format_key(fmt.to_dict()):
+        return
+    try:
+        drawn: Any = fmap.format
+    except ValueError:  # a format this bitfault does not know: say what the map records
+        drawn = recorded
+    if drawn != fmt:
+        raise ArgumentError(argument, fmap, f"a map drawn for {fmt}",
+                            requirement=f"{argument} {fmap.name!r} was drawn for {drawn}, "
+                                        f"the tensor is stored in {fmt}; its bit positions "
+                                        "mean other things there (draw a map for this format, "
+                                        "or convert it explicitly: fmap.for_format(fmt))")
+
+
+def _format_key(data: Any) -> str:
+    return json.dumps(data, sort_keys=True, default=str)
+
+
+__all__ = ["FaultMap", "check_map_format", "popcount"]
