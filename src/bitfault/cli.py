@@ -135,6 +135,8 @@ def _parser() -> argparse.ArgumentParser:
     _framework(t, "override the config's framework")
     t.add_argument("--overwrite", action="store_true", help="start over in a run directory "
                    "trained with other settings (the old run moves to RUN_DIR/replaced/)")
+    t.add_argument("--retrain", action="store_true", help="train every recipe again, also "
+                   "those already trained (old models move to RUN_DIR/replaced/)")
 
     c = sub.add_parser("campaign", help="measure the trained models under bit faults")
     c.add_argument("source", help="a run directory, or a config (its output is the run)")
@@ -222,11 +224,13 @@ def _train(args: argparse.Namespace, reporter: Any) -> tuple[dict[str, Any], str
     from bitfault.jobs import train
 
     config = load_config(args.config)
-    changes = {k: v for k, v in (("output", args.output), ("framework", args.framework))
+    output = None if args.output is None else os.path.expanduser(args.output)
+    changes = {k: v for k, v in (("output", output), ("framework", args.framework))
                if v is not None}
     config = config.replace(**changes)
     _run_needs("train", config)
-    rd, results = train(config, reporter=reporter, overwrite=args.overwrite)
+    rd, results = train(config, reporter=reporter, overwrite=args.overwrite,
+                        retrain=args.retrain)
     lines = [f"{name}: test accuracy {info['val_accuracy']:.3f} after {info['epochs']} epochs"
              f"{'' if info['trained'] else ' (reused)'} -> {info['model']}"
              for name, info in results.items()]
@@ -252,7 +256,7 @@ def _campaign(args: argparse.Namespace, reporter: Any) -> tuple[dict[str, Any], 
 
         config = load_config(args.source)
         if args.output is not None:
-            config = config.replace(output=args.output)
+            config = config.replace(output=os.path.expanduser(args.output))
         _run_needs("campaign", config)
         summary = run_campaign(config.output, config, framework=args.framework,
                                reporter=reporter, replace_stores=args.replace_store,
@@ -291,6 +295,9 @@ def _inject(args: argparse.Namespace, reporter: Any) -> tuple[dict[str, Any], st
                       framework=args.framework, overwrite=args.overwrite)
     lines = [f"{name} {tuple(t['shape'])}: {t['faults']} faulty bits, {t['changed_values']} "
              "values changed" for name, t in out["tensors"].items()]
+    if "left_out" in out:
+        lines.append(f"left out: {len(out['left_out'])} tensors")
+        lines += [f"  {t['name']} {tuple(t['shape'])}: {t['reason']}" for t in out["left_out"]]
     lines.append(f"wrote {out['output']}: {out['faults']} faulty bits in {len(out['tensors'])} "
                  f"tensors ({out['changed_values']} values changed)")
     return out, "\n".join(lines)

@@ -130,8 +130,8 @@ def test_filter_matching_nothing_is_an_error(mlp) -> None:
 
 def test_filter_choosing_an_unsupported_layer_is_an_error() -> None:
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name="fc"),
-                              keras.layers.LayerNormalization(name="norm")])
-    with pytest.raises(TypeError, match="'norm', a LayerNormalization"):
+                              keras.layers.UnitNormalization(name="norm")])
+    with pytest.raises(TypeError, match="'norm', a UnitNormalization"):
         inject(model, SPEC, filter_fn=lambda layer, path: True)
 
 

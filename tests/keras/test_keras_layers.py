@@ -173,7 +173,7 @@ def test_mixed_precision_faults_the_float32_kernel_then_casts() -> None:
 
 def test_layer_construction_errors_are_clear() -> None:
     with pytest.raises(TypeError, match="layer must be one of Dense"):
-        FaultyLayer(keras.layers.LSTM(3), seed_spec())
+        FaultyLayer(keras.layers.UnitNormalization(), seed_spec())
     with pytest.raises(TypeError, match="spec must be a bitfault.FaultSpec"):
         FaultyLayer(keras.layers.Dense(3), "seed")
     with pytest.raises(ValueError, match="tensor_prefix"):
@@ -182,9 +182,9 @@ def test_layer_construction_errors_are_clear() -> None:
         FaultyLayer(FaultyDense(3, spec=seed_spec()), seed_spec())
 
 
-def test_issue_setup_keeps_saturated_kernels_where_they_left_the_range() -> None:
-    """SGD, large lr, FixedPoint(32, 28), a permanent map at ber 2e-3 on the seed MLP: a
-    kernel element outside [-8, 8) gets no gradient, so it never moves again."""
+def test_issue_setup_keeps_the_clean_kernels_inside_the_range() -> None:
+    """SGD, large lr, FixedPoint(32, 28), a permanent map at ber 2e-3 on the seed MLP: the
+    optimizer projects every clean kernel into [-8, 8) after each train_on_batch."""
     from bitfault.models.keras import seed_mlp
 
     keras.utils.set_random_seed(0)
@@ -196,18 +196,17 @@ def test_issue_setup_keeps_saturated_kernels_where_they_left_the_range() -> None
     x, y = rng.random((192, 784), np.float32), rng.integers(0, 10, 192)
     kernels = [v for v in fmodel.trainable_variables if v.path.endswith("kernel")]
     lo, hi = -8.0, 8.0 - 2.0**-28
-    escaped = 0
+    at_the_ends = 0
     for i in range(12):
-        before = [k.numpy().copy() for k in kernels]
         fmodel.train_on_batch(x[i * 16:(i + 1) * 16], y[i * 16:(i + 1) * 16])
-        for k, w in zip(kernels, before, strict=True):
-            outside = (w < lo) | (w > hi)
-            escaped += int(outside.sum())
-            assert np.array_equal(k.numpy()[outside], w[outside])
-    assert escaped > 0
+        for k in kernels:
+            w = k.numpy()
+            assert lo <= w.min() and w.max() <= hi
+            at_the_ends += int(np.sum((w == lo) | (w == np.nextafter(np.float32(8), 0))))
+    assert at_the_ends > 0  # the steps did reach the ends
 
 
-def test_kernels_pushed_out_of_range_stop_one_step_past_the_end() -> None:
+def test_kernels_pushed_out_of_range_stop_at_the_end() -> None:
     fmt = bf.FixedPoint(8, 4)
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, use_bias=False,
                                                                     name="fc")])
@@ -219,4 +218,4 @@ def test_kernels_pushed_out_of_range_stop_one_step_past_the_end() -> None:
             loss = -4 * tf.reduce_sum(fmodel(np.eye(4, dtype=np.float32)))
         opt.apply_gradients(zip(tape.gradient(loss, [kernel]), [kernel], strict=True))
     _, hi = fmt.range
-    assert hi < float(kernel.numpy().min()) and float(kernel.numpy().max()) <= hi + 2.0
+    assert np.all(kernel.numpy() == hi)

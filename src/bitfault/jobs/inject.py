@@ -6,9 +6,10 @@ PyTorch: the file is a ``state_dict`` (``.pt``/``.pth``), chosen by
 tensors with two or more dimensions (Linear, Conv and Embedding weights: on a model
 built of those modules exactly what ``inject_`` faults), the biases the ``*.bias``
 beside them; include/exclude patterns narrow them (include patterns may name any float
-tensor); a tied tensor is faulted once. Keras: a ``.keras`` file; the kernels and biases
-of Dense, EinsumDense, ConvND and Embedding layers (``bitfault.keras.select_tensors``),
-named and mapped in PyTorch layout as everywhere in bitfault. GGUF: a ``.gguf`` file, each
+tensor); a tied tensor is faulted once. Keras: a ``.keras`` file; the kernels, biases
+and statistics of every layer kind bitfault.keras faults (``bitfault.keras.select_report``;
+what it leaves out is listed with the reason), named and mapped in PyTorch layout as
+everywhere in bitfault. GGUF: a ``.gguf`` file, each
 tensor faulted in the layout the file stores (``bitfault.gguf_memory``: Q8_0/Q4_0/Q4_1
 codes, scales and minimums, F32/F16/BF16 words; maps named by the GGUF tensor name,
 ``"<name>:scale"`` for a plane), the spec's format unused; the copy differs from the
@@ -157,12 +158,13 @@ def inject_file(model_file: str | os.PathLike[str], output: str | os.PathLike[st
     if framework == "keras" and not os.fspath(output).endswith(".keras"):
         raise ValueError(f"{os.fspath(output)}: a Keras model is written as a .keras file")
     targets = Targets(saved or SAVED_KINDS, fspec.targets.include, fspec.targets.exclude)
+    extra: dict[str, Any] = {}
     if framework == "torch":
         tensors, save = _inject_torch(model_file, fspec, targets)
     else:
-        tensors, save = _inject_keras(model_file, fspec, targets)
+        tensors, save, extra["left_out"] = _inject_keras(model_file, fspec, targets)
     write_atomically(output, save)
-    return {"input": os.fspath(model_file), "output": os.fspath(output),
+    return {**extra, "input": os.fspath(model_file), "output": os.fspath(output),
             "framework": framework, "format": fspec.format.to_dict(),
             "fault": fspec.fault.to_dict(), "tensors": tensors,
             "faults": sum(t["faults"] for t in tensors.values()),
@@ -265,29 +267,40 @@ def _same_memory(a: Any, b: Any) -> bool:
 
 
 def _inject_keras(model_file: Any, spec: FaultSpec, targets: Targets
-                  ) -> tuple[dict[str, Any], Saver]:
+                  ) -> tuple[dict[str, Any], Saver, list[dict[str, Any]]]:
+    import dataclasses
+
     import keras
 
-    from bitfault.keras.targets import select_tensors
+    from bitfault.keras.targets import select_report
 
     try:
         model = keras.saving.load_model(model_file, compile=False)
     except Exception as exc:
         raise ValueError(f"{os.fspath(model_file)}: not a loadable Keras model "
                          f"({type(exc).__name__}: {exc})") from None
-    slots = {s.name: s for s in select_tensors(
-        model, SAVED_KINDS if spec.maps is not None else targets)}
+    chosen, left = select_report(model, SAVED_KINDS if spec.maps is not None else targets)
+    slots = {s.name: s for s in chosen}
     if spec.maps is not None:
         _check_names(list(spec.maps), list(slots))
+        left += [dataclasses.replace(_as_left_out(s), reason="no fault map names it")
+                 for n, s in slots.items() if n not in spec.maps]
         slots = {n: slots[n] for n in spec.maps}
     if not slots:
-        raise ValueError(f"{os.fspath(model_file)}: no Dense, EinsumDense, ConvND or "
-                         "Embedding layer to fault")
+        raise ValueError(f"{os.fspath(model_file)}: no tensor to fault (left out: "
+                         f"{[(t.name, t.reason) for t in left][:8]})")
     tensors = {}
     for name, slot in slots.items():
         faulty, tensors[name] = _apply(name, slot.to_torch(slot.variable.numpy()), spec)
         slot.variable.assign(slot.to_keras(faulty))
-    return tensors, model.save
+    return tensors, model.save, [dataclasses.asdict(t) for t in left]
+
+
+def _as_left_out(slot: Any) -> Any:
+    """A chosen Keras tensor as a ``LeftOut`` (its reason to be filled in)."""
+    from bitfault.keras.targets import LeftOut
+
+    return LeftOut(slot.name, tuple(slot.torch_shape), str(slot.variable.dtype), "")
 
 
 __all__ = ["check_output", "detect_framework", "inject_file", "load_spec",

@@ -17,7 +17,7 @@ if _keras.backend.backend() != "tensorflow":
 
 from bitfault.keras.callbacks import ResampleFaults
 from bitfault.keras.evaluate import KerasEvaluator
-from bitfault.keras.inject import fault_maps, faulty_layers, inject, resample
+from bitfault.keras.inject import fault_maps, faulty_layers, inject, left_out, resample
 from bitfault.keras.layers import (
     FaultyConv1D,
     FaultyConv2D,
@@ -40,7 +40,7 @@ from bitfault.keras.recipes import (
     stored_weights,
 )
 from bitfault.keras.seam import inject_tensor
-from bitfault.keras.targets import select_tensors
+from bitfault.keras.targets import select_report, select_tensors
 from bitfault.keras.train import evaluate, fit, randbet_step
 
 __all__ = [
@@ -65,11 +65,13 @@ __all__ = [
     "fit",
     "inject",
     "inject_tensor",
+    "left_out",
     "quantised_weights",
     "randbet_step",
     "relu_bounds",
     "relu_sites",
     "resample",
+    "select_report",
     "select_tensors",
     "stored_weights",
 ]

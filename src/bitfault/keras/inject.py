@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import keras
 
 from bitfault.keras.layers import FaultyLayer, as_spec
-from bitfault.keras.layouts import SUPPORTED_NAMES, draw_maps, is_supported, plan_slots
+from bitfault.keras.layouts import SUPPORTED_NAMES, draw_maps, is_supported
 from bitfault.keras.seam import check_supported
-from bitfault.keras.targets import as_filter, is_graph_model, walk_layers
+from bitfault.keras.targets import LeftOut, as_filter, is_graph_model, select_report, walk_layers
 from bitfault.maps import FaultMap
 from bitfault.spec import FaultSpec
+from bitfault.targets import KINDS
 
 FilterFn = Callable[[keras.layers.Layer, str], bool] | str | Sequence[str]
 
@@ -52,72 +54,78 @@ def resample(model: keras.Model, step: int) -> None:
         layer.resample(step)
 
 
-def _output_shape(layer: keras.layers.Layer, path: str) -> tuple[Any, ...] | None:
+def _output_shape(layer: keras.layers.Layer) -> tuple[Any, ...] | None:
     try:
         return tuple(layer.output.shape)
     except (AttributeError, ValueError):
         return None
 
 
-def _choose(model: keras.Model, spec: FaultSpec,
-            filter_fn: FilterFn | None) -> dict[int, tuple[str, dict[str, FaultMap]]]:
-    """id(layer) -> (tensor prefix, maps) for every chosen layer; all checks happen here."""
-    chosen: dict[int, tuple[str, dict[str, FaultMap]]] = {}
-    seen: list[str] = []
-    candidates: list[str] = []
+def _choose(model: keras.Model, spec: FaultSpec, filter_fn: FilterFn | None
+            ) -> tuple[dict[int, tuple[str, dict[str, FaultMap]]], list[LeftOut]]:
+    """id(layer) -> (tensor prefix, maps) for every layer with a chosen tensor, and what is
+    left out; all checks happen here."""
+    seen: dict[str, keras.layers.Layer] = {}
     accept = as_filter(filter_fn)
     for layer, path in walk_layers(model):
-        seen.append(path)
+        seen[path] = layer
         if isinstance(layer, FaultyLayer):
             raise ValueError(f"model already has faults injected (layer {path!r} is a "
                              "FaultyLayer); inject into the clean model")
-        pick = accept(layer, path) if accept is not None else is_supported(layer)
-        if not pick:
-            continue
-        if not is_supported(layer):
+        if accept is not None and accept(layer, path) and not is_supported(layer):
             raise TypeError(f"filter_fn chose layer {path!r}, a {type(layer).__name__}; "
                             f"bitfault.keras faults {SUPPORTED_NAMES} layers")
-        if not layer.built:
-            raise ValueError(f"layer {path!r} is not built; build the model (call it on data "
-                             "or give it an Input) before inject")
-        output_shape = _output_shape(layer, path) if "activations" in spec.targets else None
-        slots = plan_slots(layer, path, spec.targets, spec.format, output_shape)
-        candidates.extend(s.name for s in slots)
-        slots = [s for s in slots if spec.targets.selects(s.name, s.target)]
-        chosen[id(layer)] = (path, draw_maps(slots, spec, 0 if spec.persistence ==
-                                             "transient" else None))
-    if not chosen:
-        what = "filter_fn matched no layer" if filter_fn is not None else (
-            f"the model has no {SUPPORTED_NAMES} layer")
-        raise ValueError(f"{what}; the model's layers: {seen}")
-    unknown = spec.targets.unmatched(candidates)
-    if unknown:
-        raise ValueError(f"targets names unknown tensor(s) {unknown}; the chosen layers' "
-                         f"tensors are {sorted(candidates)}")
-    names = {name for _, maps in chosen.values() for name in maps}
-    if not names:
+    slots, left_out = select_report(model, spec.targets, filter_fn, KINDS, spec.format,
+                                    _output_shape)
+    if not slots:
+        picked = [p for p, la in seen.items() if is_supported(la) and
+                  (accept is None or accept(la, p))]
+        if not picked:
+            what = "filter_fn matched no layer" if filter_fn is not None else (
+                f"the model has no {SUPPORTED_NAMES} layer")
+            raise ValueError(f"{what}; the model's layers: {list(seen)}")
         raise ValueError(f"targets={list(spec.targets.kinds)} name no tensor of the chosen "
-                         f"layers {[path for path, _ in chosen.values()][:8]}")
+                         f"layers {picked[:8]}")
+    names = {s.name for s in slots}
     if spec.maps is not None:
         unknown = sorted(set(spec.maps) - names)
         if unknown:
             raise ValueError(f"spec.maps names tensor(s) {unknown} that no chosen layer has; the "
                              f"faulted tensors are {sorted(names)}")
-    return chosen
+    step = 0 if spec.persistence == "transient" else None
+    chosen: dict[int, tuple[str, dict[str, FaultMap]]] = {}
+    for path in dict.fromkeys(s.layer for s in slots):
+        mine = [s for s in slots if s.layer == path]
+        chosen[id(seen[path])] = (path, draw_maps(mine, spec, step))
+    return chosen, left_out
+
+
+def left_out(model: keras.Model) -> list[LeftOut]:
+    """The variables of a model from ``inject`` that are not faulted, each with the reason
+    (a layer of a kind bitfault.keras does not fault, a kind not targeted, ...)."""
+    if model not in _LEFT_OUT:
+        raise ValueError("left_out(model) needs a model returned by bitfault.keras.inject "
+                         "(bitfault.keras.select_report lists them for any model)")
+    return list(_LEFT_OUT[model])
+
+
+_LEFT_OUT: weakref.WeakKeyDictionary[Any, list[LeftOut]] = weakref.WeakKeyDictionary()
 
 
 def inject(model: keras.Model, spec: FaultSpec | dict[str, Any],
            filter_fn: FilterFn | None = None) -> keras.Model:
     """A new model whose chosen layers use faulty weights; ``model`` is left untouched.
 
-    Chosen by default: every Dense, EinsumDense, Conv1D/2D/3D and Embedding
-    layer, or those for which ``filter_fn(layer, path)`` is true (``path``:
-    the layer's name, dotted through nested models: also the tensor-name
-    prefix); a glob string or list of globs matches paths. Of each, the tensors
-    ``spec.targets`` chooses by kind and name (``bitfault.keras.select_tensors``). Weights are
-    copied over; the new model is not compiled. Transient specs start at
-    step 0; the new model's ``fit``/``evaluate``/``predict`` add a
-    ``ResampleFaults`` callback (unless given one), ``resample`` sets a step.
+    Chosen by default: every layer of a kind ``bitfault.keras.kinds`` lists (Dense,
+    EinsumDense, every convolution, Embedding, MultiHeadAttention, recurrent layers,
+    norms' statistics) with a tensor ``spec.targets`` chooses, or those for which
+    ``filter_fn(layer, path)`` is true (``path``: the layer's name, dotted through
+    nested models: also the tensor-name prefix); a glob string or list of globs matches
+    paths. Of each, the tensors ``spec.targets`` chooses by kind and name
+    (``bitfault.keras.select_tensors``). Weights are copied over; the new model is not
+    compiled. Transient specs start at step 0; the new model's ``fit``/``evaluate``/
+    ``predict`` add a ``ResampleFaults`` callback (unless given one), ``resample`` sets a step.
+    ``left_out(new_model)`` lists every variable not faulted, and why.
     """
     spec = as_spec(spec)
     check_supported(spec.format, spec.fault)
@@ -128,12 +136,14 @@ def inject(model: keras.Model, spec: FaultSpec | dict[str, Any],
                         f"{type(model).__name__}; wrap its layers in bitfault.keras.FaultyLayer "
                         "instead")
     as_filter(filter_fn)  # a bad filter is refused before anything else
-    chosen = _choose(model, spec, filter_fn)
+    chosen, skipped = _choose(model, spec, filter_fn)
     clones: list[tuple[keras.layers.Layer, keras.layers.Layer]] = []
 
     def clone(layer: keras.layers.Layer) -> keras.layers.Layer:
         new = layer.__class__.from_config(layer.get_config())
         if id(layer) in chosen:
+            if layer.get_build_config():  # built as the original (MultiHeadAttention's shapes)
+                new.build_from_config(layer.get_build_config())
             path, maps = chosen[id(layer)]
             step = 0 if spec.persistence == "transient" else None
             wrapper = FaultyLayer(new, spec, tensor_prefix=path, step=step)
@@ -148,6 +158,7 @@ def inject(model: keras.Model, spec: FaultSpec | dict[str, Any],
         new.set_weights(old.get_weights())
     if spec.persistence == "transient":
         _resample_in_every_run(new_model)
+    _LEFT_OUT[new_model] = skipped
     return new_model
 
 
@@ -176,4 +187,4 @@ def _resample_in_every_run(model: keras.Model) -> None:
         setattr(model, name, wrap(getattr(model, name)))
 
 
-__all__ = ["fault_maps", "faulty_layers", "inject", "resample"]
+__all__ = ["fault_maps", "faulty_layers", "inject", "left_out", "resample"]

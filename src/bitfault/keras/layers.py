@@ -104,7 +104,8 @@ def _read(params: list[tuple[Slot, Any]], compute_dtype: str | None = None
 
 @keras.saving.register_keras_serializable(package="bitfault")
 class FaultyLayer(keras.layers.Wrapper):
-    """Run ``layer`` (Dense, EinsumDense, Conv1D/2D/3D, Embedding) through faulty memory.
+    """Run ``layer`` (a kind of ``bitfault.keras.kinds``: Dense, convolutions, Embedding,
+    MultiHeadAttention, recurrent layers, norms' statistics) through faulty memory.
 
     ``spec`` says what is faulted and how; tensors are named
     ``"<tensor_prefix>.weight"``, ``".bias"``, ``".output"`` (prefix: the
@@ -154,7 +155,7 @@ class FaultyLayer(keras.layers.Wrapper):
         planes = [p.name for p in fmt.planes] if isinstance(fmt, BlockFormat) else ["codes"]
         for slot in slots:
             variables = []
-            short = slot.name.rsplit(".", 1)[-1]
+            short = slot.name[len(self.tensor_prefix) + 1:].replace(".", "_")
             for plane, mask in zip(planes, dense_masks(slot, maps[slot.name], self.spec.memory),
                                    strict=True):
                 suffix = "" if plane == "codes" else f"_{plane}"
@@ -171,6 +172,10 @@ class FaultyLayer(keras.layers.Wrapper):
     def compute_output_shape(self, input_shape: Any) -> Any:
         return self.layer.compute_output_shape(input_shape)
 
+    def compute_output_spec(self, *args: Any, **kwargs: Any) -> Any:
+        """The inner layer's (MultiHeadAttention's takes the query and the value)."""
+        return self.layer.compute_output_spec(*args, **kwargs)
+
     # ---- forward --------------------------------------------------------------------------
 
     def _fused_for(self, slots: list[Slot]) -> Any:
@@ -181,16 +186,25 @@ class FaultyLayer(keras.layers.Wrapper):
         if training and self.spec.persistence == "transient" and not self._resampled:
             self._warn_fixed_map()
         pairs = [(s, m) for s, m in zip(self._slots, self._mask_variables, strict=True)]
-        params = [(s, m) for s, m in pairs if s.variable is not None]
+        # buffers (moving statistics) are read in inference; training updates the clean ones
+        params = [(s, m) for s, m in pairs if s.variable is not None
+                  and not (training and s.target == "buffers")]
         if params:
             values, masks = _read(params, self.compute_dtype)
+            values = [s.to_work(v) for (s, _), v in zip(params, values, strict=True)]
             faulty = straight_through(self._fused_for([s for s, _ in params]), values, masks,
                                       self.spec.gradient, gradient_bounds(self.spec.format))
-            substitutes = [(s.variable, f) for (s, _), f in zip(params, faulty, strict=True)]
+            substitutes = [(s.variable, s.from_work(f))
+                           for (s, _), f in zip(params, faulty, strict=True)]
             with _substituted(substitutes) as scope:
+                given = dict(scope.state_mapping)
                 outputs = self.layer(inputs, *args, **kwargs)
             for loss in scope.losses:
                 self.add_loss(loss)
+            for variable in self.layer.non_trainable_variables:  # moving statistics
+                new = scope.state_mapping.get(id(variable))
+                if new is not None and new is not given.get(id(variable)):
+                    variable.assign(new)
         else:
             outputs = self.layer(inputs, *args, **kwargs)
         for slot, mask in pairs:
@@ -236,8 +250,10 @@ class FaultyLayer(keras.layers.Wrapper):
         if not params:
             return {}
         values, masks = _read(params)
+        values = [s.to_work(v) for (s, _), v in zip(params, values, strict=True)]
         out = self._fused_for([s for s, _ in params])(values, masks)
-        return {s.name: v.numpy() for (s, _), v in zip(params, out, strict=True)}
+        return {s.name: keras.ops.convert_to_numpy(s.from_work(v))
+                for (s, _), v in zip(params, out, strict=True)}
 
     def resample(self, step: int) -> None:
         """Use the transient maps of ``step``, drawn from (seed, tensor name, step)."""
@@ -255,6 +271,16 @@ class FaultyLayer(keras.layers.Wrapper):
                     var.value.assign(mask, read_value=False)
             self._maps = maps
         self.step = step
+
+    def get_build_config(self) -> dict[str, Any]:
+        """Also the inner layer's (MultiHeadAttention builds from several input shapes)."""
+        return {**(super().get_build_config() or {}),
+                "layer": self.layer.get_build_config()}
+
+    def build_from_config(self, config: dict[str, Any]) -> None:
+        if config.get("layer") and not self.layer.built:
+            self.layer.build_from_config(config["layer"])
+        super().build_from_config({k: v for k, v in config.items() if k != "layer"})
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "spec": self.spec.to_dict(),

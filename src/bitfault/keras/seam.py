@@ -154,12 +154,13 @@ def fused(fmt: Format, fault: FaultModel, axes: tuple[int | None, ...]) -> Any:
 
 
 def channel_axis(slot: Slot, fmt: Format) -> int | None:
-    """The Keras axis of ``slot`` that IntQuant(per_channel=...) calibrates along, or that a
-    block format's blocks run along (its ``axis`` is in PyTorch layout), or None."""
+    """The axis of ``slot``'s work layout (``Slot.work_axis``) that IntQuant(per_channel=...)
+    calibrates along, or that a block format's blocks run along (its ``axis`` is in PyTorch
+    layout), or None."""
     if isinstance(fmt, BlockFormat):
-        return slot.keras_axis(fmt.axis)
+        return slot.work_axis(fmt.axis)
     if isinstance(fmt, IntQuant) and fmt.axis is not None and slot.variable is not None:
-        return slot.keras_axis(fmt.axis)
+        return slot.work_axis(fmt.axis)
     return None
 
 

@@ -2,28 +2,43 @@
 
 The Keras counterpart of ``bitfault.torch.select_tensors``, with names in PyTorch
 form (``"<layer path>.weight"`` for a kernel or embedding table, ``".bias"``,
-``".output"``). The candidates are the tensors of the Dense, EinsumDense,
-Conv1D/2D/3D and Embedding layers (the only layers bitfault.keras faults) that
-``filter_fn(layer, path)`` (or glob patterns on layer paths) chooses, all of them
-by default. ``inject``, ``FaultyLayer``, ``KerasEvaluator`` and ``bitfault inject``
-choose through ``layer_slots`` / ``select_tensors``.
+``".running_mean"``, ``".output"``). The candidates are the stored tensors of every
+layer of a kind ``bitfault.keras.kinds`` lists (Dense, EinsumDense, every convolution,
+Embedding, MultiHeadAttention, recurrent layers, norms' statistics) that
+``filter_fn(layer, path)`` (or glob patterns on layer paths) chooses, all of them by
+default; a norm's scale and shift only when include patterns name them. ``inject``,
+``FaultyLayer``, ``KerasEvaluator`` and ``bitfault inject`` choose through
+``layer_slots`` / ``select_tensors``; ``select_report`` also lists every variable of
+the model left out, and why (a layer of another kind, say).
 """
 
 from __future__ import annotations
 
 import fnmatch
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import keras
 
+from bitfault.keras.kinds import default_reason, left_out_reason, plan_layer
 from bitfault.keras.layouts import Slot, is_supported, plan_slots
 from bitfault.spec import FaultSpec
 from bitfault.targets import Targets
 
 LayerFilter = Callable[[keras.layers.Layer, str], bool]
 TargetsLike = Targets | str | Sequence[str] | Mapping[str, Any]
-VARIABLE_KINDS = ("weights", "biases")  # what a model's variables hold (no activations)
+VARIABLE_KINDS = ("weights", "biases", "buffers")  # what variables hold (no activations)
+
+
+@dataclass(frozen=True)
+class LeftOut:
+    """A variable of the model that is not faulted, and why (as ``bitfault.torch``'s)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    reason: str
 
 
 def is_graph_model(model: Any) -> bool:
@@ -59,32 +74,87 @@ def layer_slots(layer: keras.layers.Layer, path: str, spec: FaultSpec,
                 output_shape: tuple[Any, ...] | None) -> list[Slot]:
     """The tensors of ``layer`` (named ``path.*``) that ``spec.targets`` chooses: its kinds,
     narrowed by its name patterns."""
-    return [s for s in plan_slots(layer, path, spec.targets, spec.format, output_shape)
+    return [s for s in plan_slots(layer, path, spec.targets, spec.format, output_shape,
+                                  every=bool(spec.targets.include))
             if spec.targets.selects(s.name, s.target)]
 
 
 def select_tensors(model: keras.Model, targets: TargetsLike = "weights", filter_fn: Any = None,
                    kinds: tuple[str, ...] = VARIABLE_KINDS) -> list[Slot]:
-    """The variables of ``model`` (kernels, embedding tables, biases) that ``targets``
-    (anything ``Targets.coerce`` takes, of ``kinds``) chooses, in model order (a list of
-    names keeps its order); an include pattern that matches no candidate is a ValueError."""
+    """The variables of ``model`` (kernels, embedding tables, biases, statistics) that
+    ``targets`` (anything ``Targets.coerce`` takes, of ``kinds``) chooses, in model order (a
+    list of names keeps its order); an include pattern that matches no candidate is a
+    ValueError."""
+    return select_report(model, targets, filter_fn, kinds)[0]
+
+
+def _left(variable: Any, name: str, reason: str) -> LeftOut:
+    return LeftOut(name, tuple(int(d) for d in variable.shape), str(variable.dtype), reason)
+
+
+def select_report(model: keras.Model, targets: TargetsLike = "weights", filter_fn: Any = None,
+                  kinds: tuple[str, ...] = VARIABLE_KINDS, fmt: Any = None,
+                  output_shapes: Callable[[keras.layers.Layer], Any] | None = None
+                  ) -> tuple[list[Slot], list[LeftOut]]:
+    """``select_tensors`` and every variable of the model it left out, each with its reason
+    (a layer of a kind bitfault.keras does not fault, a kind not targeted, ...).
+
+    ``fmt``: the format the slots are checked against; ``output_shapes(layer)``: a layer's
+    output shape, for activation targets."""
     targets = Targets.coerce(targets, kinds=kinds)
     accept = as_filter(filter_fn)
+    every = bool(targets.include)
     found: list[Slot] = []
     names: list[str] = []
+    left: dict[int, LeftOut] = {}  # id(variable) -> why (a variable seen twice counts once)
+    chosen: set[int] = set()
     for layer, path in walk_layers(model):
-        if not is_supported(layer) or (accept is not None and not accept(layer, path)):
+        if not is_supported(layer):
+            for v in layer.weights:
+                left.setdefault(id(v), _left(v, f"{path}.{v.name}", left_out_reason(layer)))
             continue
-        for slot in plan_slots(layer, path, targets.kinds, None, None):
-            names.append(slot.name)
-            if targets.selects(slot.name, slot.target):
-                found.append(slot)
+        planned = plan_layer(layer, path) if layer.built else []
+        stored = {id(t.variable) for t in planned}
+        for v in layer.weights:
+            if id(v) not in stored:
+                left.setdefault(id(v), _left(v, f"{path}.{v.name}", left_out_reason(layer)))
+        if accept is not None and not accept(layer, path):
+            for t in planned:
+                left.setdefault(id(t.variable), _left(t.variable, f"{path}.{t.attr}",
+                                                      "its layer is not chosen by filter_fn"))
+            continue
+        shape = output_shapes(layer) if output_shapes and "activations" in targets else None
+        slots = {s.name: s for s in plan_slots(layer, path, targets.kinds, fmt, shape, every)}
+        for t in planned:
+            name = f"{path}.{t.attr}"
+            slot = slots.get(name)
+            if slot is not None:
+                names.append(name)
+                if targets.selects(name, t.kind) and id(t.variable) not in chosen:
+                    chosen.add(id(t.variable))
+                    found.append(slot)
+                    left.pop(id(t.variable), None)
+                    continue
+                why = "not kept by the targets' patterns"
+            elif not (t.default or every):
+                why = default_reason(layer, len(t.variable.shape))
+            else:
+                why = (f"kind {t.kind!r} is not targeted (targets.kinds="
+                       f"{list(targets.kinds)})")
+            if id(t.variable) not in chosen:
+                left.setdefault(id(t.variable), _left(t.variable, name, why))
+        for slot in slots.values():
+            if slot.variable is None:
+                names.append(slot.name)
+                if targets.selects(slot.name, slot.target):
+                    found.append(slot)
     unknown = targets.unmatched(names)
     if unknown:
         raise ValueError(f"targets names unknown tensor(s) {unknown}; this model's tensors "
                          f"are {sorted(names)}")
     by_name = {s.name: s for s in found}
-    return [by_name[n] for n in targets.order(by_name)]
+    return [by_name[n] for n in targets.order(by_name)], list(left.values())
 
 
-__all__ = ["as_filter", "is_graph_model", "layer_slots", "select_tensors", "walk_layers"]
+__all__ = ["LeftOut", "as_filter", "is_graph_model", "layer_slots", "select_report",
+           "select_tensors", "walk_layers"]

@@ -24,9 +24,9 @@ import tensorflow as tf
 
 from bitfault.errors import check_int
 from bitfault.faults import BitFlip
-from bitfault.formats import Format, gradient_bounds
+from bitfault.formats import Format
 from bitfault.keras.inject import faulty_layers, inject, resample
-from bitfault.keras.layers import _substituted
+from bitfault.keras.layers import _substituted, storable_range
 from bitfault.keras.recipes import (
     _keep_in_range_,
     _leaves,
@@ -294,7 +294,7 @@ def fit(model: keras.Model, x: Any, y: Any, recipe: Recipe, *, epochs: int,
              for v in stored_weights(model).values()]
     if recipe.weight_clip is not None:
         clip_weights_(model, recipe.weight_clip)
-    bounds = None if recipe.stored_format is None else gradient_bounds(recipe.stored_format)
+    bounds = None if recipe.stored_format is None else storable_range(recipe.stored_format)
     if bounds is not None:  # the clean weights stay storable (zero gradient is not enough:
         _keep_in_range_(model, *bounds)  # one step, or momentum, carries a weight past the end)
     trained = model if recipe.fault_aware is None else inject(model, recipe.fault_aware)
