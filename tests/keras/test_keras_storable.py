@@ -18,12 +18,12 @@ X = np.ones((8, 4), np.float32)
 Y = np.zeros(8, np.int64)
 
 
-def push_up(y_true, y_pred):  # noqa: ANN001, ANN201 - a Keras loss
+def push_up(y_true, y_pred):
     """Every kernel element's gradient is -8 (the batch size): SGD moves it up."""
     return -keras.ops.sum(y_pred)
 
 
-def _model(fmt: bf.Format, start: float, constraint=None) -> keras.Model:  # noqa: ANN001
+def _model(fmt: bf.Format, start: float, constraint=None) -> keras.Model:
     """Dense(4 -> 3) with every kernel element at ``start`` (a step or two from the top)."""
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(
         3, name="fc", kernel_initializer=keras.initializers.Constant(start),
@@ -101,7 +101,7 @@ def test_fixed_point_32_top_does_not_round_past_the_end_of_the_range() -> None:
     assert storable_range(bf.IntQuant(8)) is None
 
 
-def test_the_users_constraint_runs_first_and_the_config_keeps_it(tmp_path) -> None:  # noqa: ANN001
+def test_the_users_constraint_runs_first_and_the_config_keeps_it(tmp_path) -> None:
     fmt = bf.FixedPoint(8, 4)
     fmodel = _model(fmt, 7.0, keras.constraints.NonNeg())
     layer = fmodel.get_layer("fc")
