@@ -7,9 +7,13 @@ substituted for the variables (``keras.StatelessScope``: nothing is assigned).
 Under ``gradient="ste"`` the faulty values pass their gradient straight to
 the clean variables (zero where a clean value lies outside what the format
 stores, ``bitfault.formats.gradient_bounds``); under ``"blocked"`` they pass
-none, as the seed program's ``tf.stop_gradient`` did. Fault masks are
-non-trainable integer variables in Keras layout, drawn from the NumPy core in
-PyTorch layout.
+none, as the seed program's ``tf.stop_gradient`` did. A zero gradient does not
+stop one large step (or momentum) from carrying a value out of the range, so
+each faulted trainable variable of a bounded format also gets a constraint
+(its own first, then ``KeepStorable``) that every Keras optimizer applies after
+each update: ``model.fit``, ``train_on_batch`` and ``optimizer.apply`` loops
+alike. Fault masks are non-trainable integer variables in Keras layout, drawn
+from the NumPy core in PyTorch layout.
 """
 
 from __future__ import annotations
@@ -21,9 +25,10 @@ from contextlib import contextmanager
 from typing import Any
 
 import keras
+import numpy as np
 import tensorflow as tf
 
-from bitfault.formats import BlockFormat, gradient_bounds
+from bitfault.formats import BlockFormat, Format, gradient_bounds
 from bitfault.keras.layouts import (
     SUPPORTED_NAMES,
     Slot,
@@ -31,6 +36,7 @@ from bitfault.keras.layouts import (
     draw_maps,
     is_supported,
 )
+from bitfault.keras.recipes import ClipToRange, ClipWeights
 from bitfault.keras.seam import channel_axis, check_supported, fused, straight_through
 from bitfault.keras.targets import layer_slots
 from bitfault.maps import FaultMap
@@ -102,6 +108,53 @@ def _read(params: list[tuple[Slot, Any]], compute_dtype: str | None = None
     return values, [_mask_values(m) for _, m in params]
 
 
+def storable_range(fmt: Format) -> tuple[float, float] | None:
+    """The float32 interval a clean value of ``fmt`` is projected into, or None (unbounded):
+    ``gradient_bounds`` rounded inward to float32, so that a projected value never rounds
+    past the end (FixedPoint(32, 28)'s top, 8 - 2**-28, is 8.0 in float32)."""
+    bounds = gradient_bounds(fmt)
+    if bounds is None:
+        return None
+    lo, hi = (np.float32(b) for b in bounds)
+    if float(lo) < bounds[0]:
+        lo = np.nextafter(lo, np.float32(np.inf))
+    if float(hi) > bounds[1]:
+        hi = np.nextafter(hi, np.float32(-np.inf))
+    return float(lo), float(hi)
+
+
+class KeepStorable(keras.constraints.Constraint):
+    """``first`` (a variable's own constraint, or None), then a projection into ``[lo, hi]``
+    (``ClipToRange``): what a FaultyLayer sets on each clean variable it faults."""
+
+    def __init__(self, first: Any, lo: float, hi: float) -> None:
+        self.first = first
+        self.clip = ClipToRange(lo, hi)
+
+    def __call__(self, w: Any) -> Any:
+        return self.clip(w if self.first is None else self.first(w))
+
+
+def keep_storable(constraint: Any, bounds: tuple[float, float]) -> Any:
+    """``constraint`` followed by the projection into ``bounds``: one clip where there is no
+    constraint or it is itself a clip (``ClipToRange``/``ClipWeights``), unchanged where it
+    already keeps values in ``bounds``."""
+    lo, hi = bounds
+    if isinstance(constraint, KeepStorable):
+        constraint = constraint.first
+    if constraint is None:
+        return ClipToRange(lo, hi)
+    if isinstance(constraint, ClipWeights):
+        lo, hi = max(lo, -constraint.w_max), min(hi, constraint.w_max)
+    elif isinstance(constraint, ClipToRange):
+        if bounds[0] <= constraint.lo and constraint.hi <= bounds[1]:
+            return constraint
+        lo, hi = max(lo, constraint.lo), min(hi, constraint.hi)
+    else:
+        return KeepStorable(constraint, lo, hi)
+    return ClipToRange(lo, hi) if lo < hi else KeepStorable(constraint, *bounds)
+
+
 @keras.saving.register_keras_serializable(package="bitfault")
 class FaultyLayer(keras.layers.Wrapper):
     """Run ``layer`` (a kind of ``bitfault.keras.kinds``: Dense, convolutions, Embedding,
@@ -168,6 +221,10 @@ class FaultyLayer(keras.layers.Wrapper):
         self._slots, self._mask_variables = slots, masks
         self._maps = {s.name: maps[s.name] for s in slots}
         self._preset_maps = None
+        bounds = storable_range(self.spec.format)
+        for slot in slots if bounds is not None else ():
+            if slot.variable is not None and slot.variable.trainable:
+                slot.variable.constraint = keep_storable(slot.variable.constraint, bounds)
 
     def compute_output_shape(self, input_shape: Any) -> Any:
         return self.layer.compute_output_shape(input_shape)
@@ -306,4 +363,5 @@ FaultyConv3D = _faulty(keras.layers.Conv3D)
 FaultyEmbedding = _faulty(keras.layers.Embedding)
 
 __all__ = ["FaultyConv1D", "FaultyConv2D", "FaultyConv3D", "FaultyDense", "FaultyEinsumDense",
-           "FaultyEmbedding", "FaultyLayer", "as_spec"]
+           "FaultyEmbedding", "FaultyLayer", "KeepStorable", "as_spec", "keep_storable",
+           "storable_range"]
