@@ -193,6 +193,10 @@ def test_hf_campaign_resumes_and_equals_a_hand_written_trial(assets, tmp_path) -
     html = Path(files["html"]).read_text()
     assert "perplexity" in html and "Outcomes per rate" in html
     assert {"rate_perplexity", "rate_next_token_agreement"} <= set(files)
+    # perplexity is headlined by its median and quartiles; outcomes in the field's classes
+    assert "Median perplexity [25th, 75th percentile] over chips" in html
+    assert "<th>benign</th><th>sdc</th><th>non_finite</th>" in html
+    assert {"masked", "benign", "sdc", "non_finite"} <= set(m["outcomes"][0])
 
 
 def test_gguf_campaign_faults_the_stored_planes(assets, tmp_path) -> None:
