@@ -14,11 +14,12 @@ on 2 and on 3 examples, node by node (each value dropped after its last use):
 * ``FIXED``: the same at both sizes (a constant, a weight, a reduction over the batch of
   a clean value): the clean value as it is.
 
-A node whose rows are not computed from their own example alone (a tensor whose first
-two rows differ between the two runs: a softmax over the batch, ``x / x.size(0)``; or a
-``FIXED`` tensor whose values differ: a mean over the batch) ``mixes`` examples: a fault
-before it changes every example, so the shortcut does not apply to it (the layer path
-does, on whole batches).
+A node ``mixes`` examples when the shortcut's computation of it disagrees with the
+batch's: computed again for rows 0 and 1 alone (its inputs taken as above from the
+3-example run), it differs from those rows of the 3-example value (a softmax over the
+batch, ``x / x.size(0)``), or, for a ``FIXED`` tensor, from that value (a mean over the
+batch). A fault before such a node changes other examples' values, so the shortcut does
+not apply to it (the layer path does, on whole batches).
 """
 
 from __future__ import annotations
@@ -58,27 +59,26 @@ def _close(a: Any, b: Any) -> bool:
     return float(diff.max()) <= 1e-3 * scale + 1e-12
 
 
-def _classify(two: Any, three: Any) -> tuple[str, bool]:
-    """(role, mixes) of a node from its values on 2 and on 3 examples."""
+def _classify(two: Any, three: Any) -> str:
+    """A node's role from its values on 2 and on 3 examples."""
     import torch
 
     if isinstance(two, torch.Tensor) and isinstance(three, torch.Tensor):
         if two.shape == three.shape:
-            return FIXED, not _close(two, three)
+            return FIXED
         if two.ndim and three.ndim == two.ndim and len(two) == 2 and len(three) == 3 and \
                 two.shape[1:] == three.shape[1:]:
-            return ROWS, not _close(two, three[:2])
-        return SIZED, False
+            return ROWS
+        return SIZED
     if isinstance(two, (tuple, list)) and isinstance(three, (tuple, list)) and \
             type(two) is type(three) and len(two) == len(three):
         parts = [_classify(a, b) for a, b in zip(two, three, strict=True)]
-        role = FIXED if all(r == FIXED for r, _ in parts) else SIZED
-        return role, any(m for _, m in parts)
+        return FIXED if all(r == FIXED for r in parts) else SIZED
     try:
         same = bool(type(two) is type(three) and two == three)
     except Exception:  # values that cannot be compared: computed again
         same = False
-    return (FIXED if same else SIZED), False
+    return FIXED if same else SIZED
 
 
 @dataclass(frozen=True)
@@ -92,23 +92,37 @@ class BatchRoles:
     @classmethod
     def probe(cls, g: TracedGraph, model: Any, x: Any) -> BatchRoles:
         """Run ``g`` on the first 2 and the first 3 examples of ``x`` (repeated where it
-        has fewer) side by side, classifying each node as it is computed."""
+        has fewer) side by side, classifying each node as it is computed; then compute
+        each tensor node again as the shortcut would for rows 0 and 1 alone (``fill``
+        from the 3-example values) and compare it with those rows."""
         import torch
 
         n = len(x)
         xs = [x[torch.arange(k, device=x.device) % n] for k in (2, 3)]
         envs: list[dict[Any, Any]] = [{}, {}]
         role: dict[Any, str] = {}
+        found = cls(role, frozenset())
         mixing = set()
+        keep: set[Any] = set()  # what computing a SIZED node again reads
+        rows = torch.arange(2, device=x.device)
         with torch.no_grad():
             for pos, node in enumerate(g.nodes):
                 for env, xk in zip(envs, xs, strict=True):
                     run_nodes(model, [node], env, {}, xk)
-                role[node], mixes = _classify(envs[0][node], envs[1][node])
-                if mixes:
-                    mixing.add(node)
+                role[node] = _classify(envs[0][node], envs[1][node])
+                if role[node] == SIZED:
+                    keep.update(node.all_input_nodes)
+                three = envs[1][node]
+                if role[node] != SIZED and isinstance(three, torch.Tensor) \
+                        and node.op not in ("placeholder", "get_attr"):
+                    local: dict[Any, Any] = {}
+                    for inp in node.all_input_nodes:
+                        found.fill(inp, local, envs[1], rows, model, {})
+                    run_nodes(model, [node], local, {}, None)
+                    if not _close(local[node], three[:2] if role[node] == ROWS else three):
+                        mixing.add(node)
                 for env in envs:
-                    g.drop_dead(env, pos, (), [*node.all_input_nodes, node])
+                    g.drop_dead(env, pos, keep, [*node.all_input_nodes, node])
         return cls(role, frozenset(mixing))
 
     def first_mixing(self, g: TracedGraph, dirty: Iterable[Any]) -> Any:

@@ -104,7 +104,7 @@ class SingleFaultPaths:
         module, _, attr = self._owner[name]
         mod = self.model.get_submodule(module) if module else self.model
         if attr != "weight":
-            return False, f"a {attr}, not a weight: recomputed from its module on"
+            return False, f"{attr!r} of its module, not the weight of a Linear or a convolution"
         if name in self._aliases:
             return False, "a tied tensor (read by several modules)"
         if isinstance(mod, nn.Linear):
