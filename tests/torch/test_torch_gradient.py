@@ -106,7 +106,8 @@ def test_ste_gradient_is_zero_outside_the_range_and_the_upstream_gradient_inside
     with torch.no_grad():
         model.weight.copy_(_beyond(fmt, (5, 6)))
         model.bias.copy_(_beyond(fmt, (5,), seed=1))
-    inject_(model, bf.FaultSpec(format=fmt, ber=0.05, seed=0, targets=("weights", "biases")))
+    inject_(model, bf.FaultSpec(format=fmt, ber=0.05, seed=0, targets=("weights", "biases")),
+            project=False)
     x, g = torch.randn(4, 6), torch.randn(4, 5)
     model(x).backward(g)
     bounds = bf.formats.gradient_bounds(fmt)
@@ -131,10 +132,11 @@ def test_ste_gradient_of_an_activation_outside_the_range_is_zero():
 
 
 def test_clean_weights_pushed_out_of_range_stop_there():
-    """Plain SGD pushing every weight up: each stops one step past the end, not 50."""
+    """Plain SGD pushing every weight up, no projection: each stops one step past the end,
+    not 50."""
     fmt = bf.FixedPoint(8, 4)
     model = nn.Linear(4, 3, bias=False)
-    inject_(model, bf.FaultSpec(format=fmt, ber=0.05, seed=1))
+    inject_(model, bf.FaultSpec(format=fmt, ber=0.05, seed=1), project=False)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     step = 0.5 * 4  # lr * the gradient of -sum(W) * 4
     for _ in range(50):
@@ -147,13 +149,13 @@ def test_clean_weights_pushed_out_of_range_stop_there():
 
 
 def test_issue_setup_keeps_saturated_weights_where_they_left_the_range():
-    """SGD, large lr, FixedPoint(32, 28), a permanent map at ber 2e-3 on the seed MLP:
-    a weight outside [-8, 8) never moves again."""
+    """SGD, large lr, FixedPoint(32, 28), a permanent map at ber 2e-3 on the seed MLP, no
+    projection: a weight outside [-8, 8) never moves again."""
     from bitfault.models.torch import SeedMLP
 
     torch.manual_seed(0)
     model = SeedMLP(hidden=64)
-    inject_(model, bf.FaultSpec(format=bf.FixedPoint(32, 28), ber=2e-3, seed=0))
+    inject_(model, bf.FaultSpec(format=bf.FixedPoint(32, 28), ber=2e-3, seed=0), project=False)
     opt = torch.optim.SGD(model.parameters(), lr=2.0)
     x, y = torch.rand(256, 784), torch.randint(0, 10, (256,))
     lo, hi = -8.0, 8.0 - 2.0**-28

@@ -388,7 +388,7 @@ def test_stats_count_faults_and_saturation():
     model = nn.Linear(8, 4)
     with torch.no_grad():
         model.weight[0, 0] = 100.0  # beyond FixedPoint(32, 28)'s +-8
-    handle = inject_(model, _spec(ber=0.05, targets=("weights", "activations")))
+    handle = inject_(model, _spec(ber=0.05, targets=("weights", "activations")), project=False)
     handle.track_activation_stats = True
     model(torch.randn(3, 8))
     stats = handle.stats()

@@ -5,7 +5,7 @@ or not at all ("blocked", the seed program's ``stop_gradient``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import torch
@@ -48,12 +48,15 @@ def _zero_outside(clean: torch.Tensor, bounds: tuple[float, float]
 
 def straight_through(clean: Sequence[torch.Tensor], faulty: Sequence[torch.Tensor],
                      blocked: bool, kept: bool = False,
-                     bounds: tuple[float, float] | None = None) -> list[torch.Tensor]:
+                     bounds: tuple[float, float] | None = None,
+                     only: Collection[int] | None = None) -> list[torch.Tensor]:
     """``faulty`` wired into autograd as functions of ``clean`` (when grad is on and needed).
 
     ``kept``: the faulty tensors are views the kernel keeps and writes again later; only
     fresh aliases of them are handed out (so the kernel can tell when nothing holds them).
     ``bounds``: the gradient is zero where a clean value lies outside (``gradient_bounds``).
+    ``only``: the positions in ``clean`` that may hold such values (a check found the others
+    inside, so their gradient needs no hook); None: every position.
     """
     if not faulty:
         return []
@@ -62,11 +65,12 @@ def straight_through(clean: Sequence[torch.Tensor], faulty: Sequence[torch.Tenso
         faulty = [f.detach() for f in faulty] if kept else list(faulty)
         return list(_StraightThrough.apply(faulty, True, *clean)) if grad else faulty
     out = []
-    for c, f in zip(clean, faulty, strict=True):
+    for i, (c, f) in enumerate(zip(clean, faulty, strict=True)):
         if c.requires_grad:  # an identity view of the clean tensor that holds the faulty values:
             view = c.view_as(c)  # autograd's own (C++) identity backward, and the gradient
             view.data = f  # reaches the clean tensor untouched (no Python node, no copy)
-            if bounds is not None:  # ... but for values the format cannot store
+            if bounds is not None and (only is None or i in only):  # ... but for values
+                # the format cannot store
                 view.register_hook(_zero_outside(c, bounds))
             f = view
         elif kept:

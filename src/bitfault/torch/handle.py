@@ -22,7 +22,7 @@ from bitfault.maps import FaultMap
 from bitfault.spec import FaultSpec
 from bitfault.torch.activation_maps import ActivationMaps
 from bitfault.torch.gradient import straight_through
-from bitfault.torch.seam import DeviceFaults, check_float_dtype, faulty_group
+from bitfault.torch.seam import DeviceFaults, check_float_dtype, checked_group, faulty_group
 from bitfault.torch.slots import (
     FaultedParam,
     FaultedTensor,
@@ -32,6 +32,7 @@ from bitfault.torch.slots import (
     join_name,
     original_forward,
 )
+from bitfault.torch.storable import settle, storable_bounds
 
 Attrs = tuple[tuple[str, str], ...]  # (attribute, tensor name) of a module's faulted parameters
 # module -> the live handle that injects into it (one handle per module)
@@ -64,9 +65,10 @@ class FaultHandle:
                  aliases: dict[tuple[str, str], str], activations: list[str],
                  modules: dict[str, nn.Module], maps: dict[str, FaultMap],
                  act_names: dict[str, str] | None = None, left_out: Sequence[Any] = (),
-                 naming: dict[str, str] | None = None, activation_length: int | None = None
-                 ) -> None:
+                 naming: dict[str, str] | None = None, activation_length: int | None = None,
+                 project: bool = True) -> None:
         self.spec = spec
+        self._project = project  # clamp trained tensors into the format's range (inject_)
         # module path -> the name of its output (relative to the naming root)
         self._act_names = {a: (act_names or {}).get(a, join_name(a, "output")) for a in activations}
         self._left_out, self._naming = list(left_out), dict(naming or {})
@@ -283,16 +285,26 @@ class FaultHandle:
                 groups.setdefault((t.dtype, t.device), []).append(i)
         out: dict[str, torch.Tensor] = {}
         spec = self.spec
-        for (_, device), members in groups.items():
+        for (dtype, device), members in groups.items():
             names = tuple(params[i].name for i in members)
             faults = self._device_faults(names, [self._maps[n] for n in names], 0, device)
             clean = [tensors[i] for i in members]
-            with torch.no_grad():
-                faulty = faulty_group([c.detach() for c in clean], spec.format, spec.fault, faults,
-                                      buffers=self._buffers, reuse_output=reuse_output)
-            out.update(zip(names, straight_through(clean, faulty, spec.gradient == "blocked",
-                                           kept=reuse_output,
-                                           bounds=gradient_bounds(spec.format)), strict=True))
+            values = [c.detach() for c in clean]
+            with torch.no_grad():  # the storability check comes with the pass (checked_group)
+                faulty, bad = checked_group(values, spec.format, spec.fault, faults,
+                                            buffers=self._buffers, reuse_output=reuse_output)
+            if bad:  # NaN or inf: an error; outside the range: projected where trained
+                fixed, bad = settle(names, clean, values, bad, spec.format, self._project)
+                if fixed:
+                    if self._auto_step:  # a projection is no optimizer step
+                        self._weights_seen = self._weights_state()
+                    del faulty  # the kept output may be written again
+                    with torch.no_grad():
+                        faulty = faulty_group(values, spec.format, spec.fault, faults,
+                                              buffers=self._buffers, reuse_output=reuse_output)
+            out.update(zip(names, straight_through(
+                clean, faulty, spec.gradient == "blocked", kept=reuse_output,
+                bounds=storable_bounds(spec.format, dtype), only=bad), strict=True))
         return out
 
     def _param_module(self, root: nn.Module, p: FaultedParam) -> nn.Module:

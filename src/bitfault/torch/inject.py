@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from bitfault.errors import ArgumentError, check_int
+from bitfault.errors import ArgumentError, ArgumentTypeError, check_int
 from bitfault.formats import BlockFormat, plane_formats, plane_map_name
 from bitfault.formats.blocks import CODES
 from bitfault.memory import check_map_fits
@@ -41,6 +41,7 @@ from bitfault.torch.handle import (
     original_forward,
 )
 from bitfault.torch.seam import check_float_dtype
+from bitfault.torch.storable import refuse_non_finite
 from bitfault.torch.targets import FilterFn, Naming, Selected, select_modules, select_report
 
 
@@ -64,7 +65,7 @@ def _plan(spec: FaultSpec, selected: list[Selected]
 def inject_(model: nn.Module, spec: FaultSpec | Mapping[str, Any],
             filter_fn: FilterFn | str | Sequence[str] | None = None, *,
             root: nn.Module | None = None, name_prefix: str | None = None,
-            activation_length: int | None = None) -> FaultHandle:
+            activation_length: int | None = None, project: bool = True) -> FaultHandle:
     """Put ``model``'s tensors in faulty memory, in place; return the handle.
 
     ``spec.targets`` and ``filter_fn`` choose the tensors as ``select_tensors`` says: by
@@ -79,6 +80,15 @@ def inject_(model: nn.Module, spec: FaultSpec | Mapping[str, Any],
     position's faults do not depend on the length its batch was padded to (default: each
     per-sample shape draws its own map; ``bitfault.torch.activation_maps``). Every argument
     is checked, and every map drawn, before the model is touched.
+
+    The clean tensors stay storable under any training loop and optimizer: ``project=True``
+    (the default) clamps a tensor that a forward trains (grad enabled, the tensor requires
+    grad) into the format's ``range`` (FixedPoint; the Float formats' largest finite value),
+    in place, before that forward, whenever the check that comes with computing the faulty
+    values finds one outside; forwards without gradients never change the model.
+    ``project=False`` leaves such values where they are (they saturate when stored, and
+    their gradient is zero). A NaN or inf in a faulted weight, bias or buffer is refused,
+    naming the tensor and the first such index: here, and at any later forward.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -92,6 +102,11 @@ def inject_(model: nn.Module, spec: FaultSpec | Mapping[str, Any],
     selected, left_out = select_report(model, spec.targets, filter_fn, modules=chosen,
                                        naming=naming)
     params, aliases, activations = _plan(spec, selected)
+    if not isinstance(project, bool):
+        raise ArgumentTypeError("project", project, "True or False")
+    for s in selected:
+        if s.kind != "activations":
+            refuse_non_finite(s.tensor, s.name)
     if activation_length is not None and not activations:
         raise ArgumentError("activation_length", activation_length,
                             "None when no activation is targeted",
@@ -141,7 +156,7 @@ def inject_(model: nn.Module, spec: FaultSpec | Mapping[str, Any],
     modules = dict(chosen)
     handle = FaultHandle(model, spec, params, aliases, list(activations), modules, maps,
                          act_names=activations, left_out=left_out, naming=naming.to_dict(),
-                         activation_length=activation_length)
+                         activation_length=activation_length, project=project)
     by_module: dict[str, list[tuple[str, str]]] = {}
     for p in params:
         by_module.setdefault(p.module, []).append((p.attr, p.name))

@@ -34,6 +34,7 @@ from bitfault.maps import FaultMap
 from bitfault.memory import check_map_fits
 from bitfault.torch.ops import block_kernels, block_numba, float32, generic, numba
 from bitfault.torch.ops import blocks as block_ops
+from bitfault.torch.storable import outside, storable_bounds
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -226,24 +227,30 @@ class _FusedPass:
             self.free = sys.getrefcount(self.buffer)
         return self.dsts, self._views(torch.from_numpy(self.buffer))
 
-    def __call__(self, xs: Sequence[torch.Tensor], reuse: bool) -> list[torch.Tensor]:
+    def __call__(self, xs: Sequence[torch.Tensor], reuse: bool,
+                 check: bool = False) -> tuple[list[torch.Tensor], list[int]]:
+        """The faulty tensors, and the positions whose kernel returned False (``check``:
+        FixedPoint values outside the range or NaN; always: IntQuant NaN or inf)."""
         dsts, views = self._output(reuse)
-        for x, call, dst in zip(xs, self.calls, dsts, strict=True):
-            call(x.reshape(-1).numpy(), dst)
-        return views
+        bad, args = [], (True,) if check else ()
+        for i, (x, call, dst) in enumerate(zip(xs, self.calls, dsts, strict=True)):
+            if not call(x.reshape(-1).numpy(), dst, *args):
+                bad.append(i)
+        return views, bad
 
 
 def _fused_group(xs: Sequence[torch.Tensor], fmt: Format, fault: FaultModel,
-                 faults: DeviceFaults, reuse_output: bool) -> list[torch.Tensor]:
+                 faults: DeviceFaults, reuse_output: bool,
+                 check: bool = False) -> tuple[list[torch.Tensor], list[int]]:
     """FixedPoint "saturate", IntQuant (per tensor / per channel on axis 0) or a compiled
     block format on float32 CPU tensors: one compiled pass per tensor into one flat output,
-    its plan kept with ``faults``."""
+    its plan kept with ``faults``; also the positions ``_FusedPass`` flags."""
     kept = faults.__dict__.get("_fused")  # (fmt, fault, plan): the same objects call after call
     if kept is None or kept[0] is not fmt or kept[1] is not fault:
         if kept is None or kept[0] != fmt or kept[1] != fault:
             kept = (fmt, fault, _FusedPass(fmt, fault, faults, [x.shape for x in xs]))
         faults.__dict__["_fused"] = kept = (fmt, fault, kept[2])
-    return kept[2](xs, reuse_output)
+    return kept[2](xs, reuse_output, check)
 
 
 # ---- entry points -------------------------------------------------------------------------
@@ -279,7 +286,7 @@ def faulty_group(xs: Sequence[torch.Tensor], fmt: Format, fault: FaultModel, fau
             if strict:
                 return [_strict_block(x, fmt, fault, f) for x, f in
                         zip(xs, faults.blocks, strict=True)]
-            return _fused_group(xs, fmt, fault, faults, reuse_output)
+            return _fused_group(xs, fmt, fault, faults, reuse_output)[0]
         return [block_ops.faulty_blocks(x, fmt, fault, f, strict)
                 for x, f in zip(xs, faults.blocks, strict=True)]
     if dtype == torch.bfloat16:
@@ -287,7 +294,7 @@ def faulty_group(xs: Sequence[torch.Tensor], fmt: Format, fault: FaultModel, fau
                             buffers)
         return [o.to(torch.bfloat16) for o in outs]
     if (not strict or not isinstance(fmt, IntQuant)) and all(compiled_for(x, fmt) for x in xs):
-        return _fused_group(xs, fmt, fault, faults, reuse_output)
+        return _fused_group(xs, fmt, fault, faults, reuse_output)[0]
     if dtype == torch.float32 and _fast_elementwise(fmt):
         if isinstance(fmt, FixedPoint):
             out = float32.faulty_fixed_point_f32(xs, fmt, fault, faults)
@@ -307,6 +314,19 @@ def faulty_group(xs: Sequence[torch.Tensor], fmt: Format, fault: FaultModel, fau
         part = faults.part(i)
         outs.append(generic.faulty_generic(x, fmt, fault, part.index, part.masks, strict=strict))
     return outs
+
+
+def checked_group(xs: Sequence[torch.Tensor], fmt: Format, fault: FaultModel,
+                  faults: DeviceFaults, buffers: dict | None = None,
+                  reuse_output: bool = False) -> tuple[list[torch.Tensor], list[int]]:
+    """``faulty_group``, and the positions of the tensors of ``xs`` that ``fmt`` cannot store
+    as they are: a value outside ``storable_bounds(fmt, dtype)``, a NaN or an inf (a format
+    without bounds: a NaN or an inf). The compiled CPU kernels check while they encode; any
+    other path takes one ``aminmax`` pass per tensor (``storable.outside``)."""
+    if xs and not isinstance(fmt, BlockFormat) and all(compiled_for(x, fmt) for x in xs):
+        return _fused_group(xs, fmt, fault, faults, reuse_output, check=True)
+    bad = outside(xs, storable_bounds(fmt, xs[0].dtype)) if xs else []
+    return faulty_group(xs, fmt, fault, faults, buffers=buffers, reuse_output=reuse_output), bad
 
 
 def _strict_block(x: torch.Tensor, fmt: BlockFormat, fault: FaultModel,

@@ -71,15 +71,22 @@ def _fixed_code(v, nearest, up, lo, hi32):  # pragma: no cover (compiled)
 
 
 def _fixed_point_kernel(x, out, index, masks, op, nearest, up, down, lo, hi32, hi,
-                        shift):  # pragma: no cover (compiled)
+                        shift, check, x_lo, x_hi):  # pragma: no cover (compiled)
+    """Encode, fault, decode; with ``check``, also whether every x lies in [x_lo, x_hi]
+    (False for a NaN). Without it the loop is the same as before (Numba unswitches it)."""
+    inside = True
     for i in range(x.size):
-        out[i] = _fixed_code(x[i], nearest, up, lo, hi32) * down + np.float32(0.0)  # +0.0
+        v = x[i]
+        if check:
+            inside &= (v >= x_lo) & (v <= x_hi)
+        out[i] = _fixed_code(v, nearest, up, lo, hi32) * down + np.float32(0.0)  # +0.0
     for k in range(index.size):
         j = index[k]
         code = min(np.int64(_fixed_code(x[j], nearest, up, lo, hi32)), hi)
         word = _fault_word(code, masks[k], op)
         word = (word << shift) >> shift  # two's complement of the low bits
         out[j] = np.float32(np.float64(word) * np.float64(down))
+    return inside
 
 
 def _sortable(bits: int) -> int:  # pragma: no cover (compiled)
@@ -215,12 +222,25 @@ def _kernels() -> dict[str, Callable]:
         return {"fixed": _jit(_fixed_point_kernel), "int": _jit(_int_quant_kernel)}
 
 
+def inward_f32(lo: float, hi: float) -> tuple[np.float32, np.float32]:
+    """The float32 interval inside the closed interval [lo, hi]: each end rounded toward
+    the other (a float32 value lies in it exactly when it lies in [lo, hi])."""
+    a, b = np.float32(lo), np.float32(hi)
+    if float(a) < lo:  # compared in float64: NumPy would round lo to float32 first
+        a = np.nextafter(a, np.float32(np.inf))
+    if float(b) > hi:
+        b = np.nextafter(b, np.float32(-np.inf))
+    return a, b
+
+
 def bind(fmt: FixedPoint | IntQuant, fault: FaultModel, index: np.ndarray, masks: np.ndarray,
-         shape: tuple[int, ...]) -> Callable[[np.ndarray, np.ndarray], bool]:
-    """One tensor's kernel with all but its data bound: ``call(x, out)`` sets the flat float32
-    ``out`` to decode(fault(encode(x))) of the flat float32 ``x`` (a format that
-    ``seam.compiled_for`` accepts); it returns False when an IntQuant ``x`` holds NaN or
-    inf (``out`` is then all NaN).
+         shape: tuple[int, ...]) -> Callable[..., bool]:
+    """One tensor's kernel with all but its data bound: ``call(x, out, check=False)`` sets
+    the flat float32 ``out`` to decode(fault(encode(x))) of the flat float32 ``x`` (a
+    format that ``seam.compiled_for`` accepts); it returns False when an IntQuant ``x``
+    holds NaN or inf (``out`` is then all NaN) and, with ``check``, when a FixedPoint ``x``
+    holds a value outside the format's ``range`` or a NaN (``out`` is computed all the
+    same, saturated): the storability check costs no pass of its own.
 
     ``index``: flat int64 positions of the faulty elements; ``masks``: their int64 bit masks
     (already restricted to the eligible bits). FixedPoint needs overflow "saturate";
@@ -233,10 +253,10 @@ def bind(fmt: FixedPoint | IntQuant, fault: FaultModel, index: np.ndarray, masks
         kernel = _kernels()["fixed"]
         consts = (op, nearest, np.float32(2.0**fmt.frac), np.float32(2.0**-fmt.frac),
                   np.float32(lo), np.float32(hi), hi, shift)
+        x_lo, x_hi = inward_f32(*fmt.range)
 
-        def fixed_point(x: np.ndarray, out: np.ndarray) -> bool:
-            kernel(x, out, index, masks, *consts)
-            return True
+        def fixed_point(x: np.ndarray, out: np.ndarray, check: bool = False) -> bool:
+            return kernel(x, out, index, masks, *consts, check, x_lo, x_hi)
 
         return fixed_point
     kernel = _kernels()["int"]
@@ -244,7 +264,7 @@ def bind(fmt: FixedPoint | IntQuant, fault: FaultModel, index: np.ndarray, masks
     consts = (op, nearest, fmt.symmetric, _HOW[fmt.zero_point_add], float(lo), float(hi),
               fmt.code_offset, fmt.word_mask, shift, fmt.codes == "signed")
 
-    def int_quant(x: np.ndarray, out: np.ndarray) -> bool:
+    def int_quant(x: np.ndarray, out: np.ndarray, check: bool = False) -> bool:
         if x.size and not kernel(x, out, channels, index, masks, *consts):
             out.fill(math.nan)  # NaN or inf: no scale, the whole tensor is NaN
             return False
