@@ -7,7 +7,11 @@ depthwise convolutions, 224x224 inputs) bitfault's single-fault campaign runs at
 The network is written here: stem conv 3x3 stride 2 + BN + ReLU6; the standard MobileNetV2
 stage table of inverted residual blocks (1x1 expand + BN + ReLU6, 3x3 depthwise + BN +
 ReLU6, 1x1 project + BN, residual when shapes match); 1x1 conv to 1280 + BN + ReLU6;
-global average pool; Linear to 10 classes. Seeded random weights; BN statistics set by a
+global average pool; Linear to 10 classes. ``--head view`` writes the head as many
+published implementations do, ``bs = x.size(0)`` ... ``x.view(bs, -1)`` (the batch size
+read from the input: the single-fault shortcut computes it again for its stacked rows;
+``TorchEvaluator.plan()`` is printed for it); ``--head flatten`` (default) uses
+``flatten(1)``. Seeded random weights; BN statistics set by a
 few train-mode passes on random images (no training: both sides predict on random inputs).
 
 Each fault flips one bit of one float32 weight element (``bf.Float("float32")``), drawn
@@ -35,6 +39,7 @@ None (only that first layer updated, not carried on); their predictions are asse
 identical too.
 
 Run: python benchmarks/bench_mobilenet.py [--width 1.0] [--images 16] [--faults 60]
+     [--head flatten|view]
      [--max-mib 256 2048] [--repeats 1] [--seed 0] [--profile 25] [--json rows.json]
      [--rank-one-ablation]
 Needs pytorchfi 0.6.0 (``pip install pytorchfi==0.6.0``; benchmark-only).
@@ -108,8 +113,9 @@ class InvertedResidual(nn.Module):
 
 
 class MobileNetV2(nn.Module):
-    def __init__(self, width: float = 1.0, classes: int = 10) -> None:
+    def __init__(self, width: float = 1.0, classes: int = 10, head: str = "flatten") -> None:
         super().__init__()
+        self.head = head
         cin = divisible(32 * width)
         last = divisible(1280 * max(1.0, width))
         blocks: list[nn.Module] = [conv_bn(3, cin, 3, stride=2)]
@@ -123,6 +129,10 @@ class MobileNetV2(nn.Module):
         self.classifier = nn.Linear(last, classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.head == "view":  # the batch size read from the input
+            bs = x.size(0)
+            y = nn.functional.adaptive_avg_pool2d(self.features(x), 1)
+            return self.classifier(y.view(bs, -1))
         y = nn.functional.adaptive_avg_pool2d(self.features(x), 1).flatten(1)
         return self.classifier(y)
 
@@ -137,12 +147,13 @@ def random_images(n: int, seed: int) -> torch.Tensor:
     return (smooth + 0.5 * torch.randn(n, 3, 224, 224, generator=g)).contiguous()
 
 
-def mobilenet_v2(width: float, seed: int, bn_passes: int = 3, bn_batch: int = 8) -> MobileNetV2:
+def mobilenet_v2(width: float, seed: int, bn_passes: int = 3, bn_batch: int = 8,
+                 head: str = "flatten") -> MobileNetV2:
     """Seeded random weights (MobileNetV2's init; random BN scale and shift), BN running
     statistics as the cumulative average of ``bn_passes`` train-mode passes on random
     images, the head's bias centred on random images' features; in eval mode."""
     torch.manual_seed(seed)
-    model = MobileNetV2(width)
+    model = MobileNetV2(width, head=head)
     for m in model.modules():
         if isinstance(m, nn.Conv2d):
             nn.init.kaiming_normal_(m.weight, mode="fan_out")
@@ -230,13 +241,17 @@ def predictions(labels: np.ndarray, clean: np.ndarray, faulty: np.ndarray) -> di
 
 
 def bitfault_campaign(model: nn.Module, x: torch.Tensor, faults: list[Fault], store: Path,
-                      max_bytes: int) -> tuple[Clock, list[list[int]]]:
+                      max_bytes: int, plans: list[Any] | None = None
+                      ) -> tuple[Clock, list[list[int]]]:
+    """The campaign, timed; its evaluator's plan appended to ``plans`` (untimed)."""
     labels = np.zeros(len(x), np.int64)  # unused: the metric keeps the predictions
     t = clock()
     ev = TorchEvaluator(model, x, labels, max_bytes=max_bytes)
     trials = single_faults(faults)
     res = run(ev, trials, F32, store, metric=predictions, batch=len(trials))
     dt = clock(t)
+    if plans is not None:
+        plans.append(ev.plan())
     by_key = {r.trial_key: [r.metrics[f"p{i}"] for i in range(len(x))] for r in res.records}
     return dt, [by_key[tr.key] for tr in trials]
 
@@ -314,6 +329,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--faults", type=int, default=60, help="random single faults (default 60)")
     p.add_argument("--repeats", type=int, default=1, help="alternating timed runs (default 1)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--head", choices=("flatten", "view"), default="flatten",
+                   help="the classifier's input: flatten(1), or view(bs, -1) with bs = "
+                        "x.size(0) read from the input (default flatten)")
     p.add_argument("--max-mib", type=int, nargs="+", default=[256, 2048], metavar="MIB",
                    help="TorchEvaluator's max_bytes in MiB, one bitfault run each "
                         "(default: 256, the evaluator's default, and 2048)")
@@ -346,13 +364,13 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit("pytorchfi is not installed (pip install pytorchfi==0.6.0)")
     torch.set_num_threads(1)
     tmp = Path(tempfile.mkdtemp(prefix="bench_mobilenet_"))
-    model = mobilenet_v2(args.width, args.seed)
+    model = mobilenet_v2(args.width, args.seed, head=args.head)
     x = random_images(args.images, seed=args.seed + 1)
     faults = random_faults(model, args.faults, args.seed)
     with torch.no_grad():
         clean = argmax(model(x))
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"MobileNetV2 width {args.width}: {n_params:,} parameters, "
+    print(f"MobileNetV2 width {args.width}, head {args.head}: {n_params:,} parameters, "
           f"{len(weight_names(model))} Conv2d/Linear weights; {args.images} images 224x224 "
           f"({len(set(clean))} distinct clean predictions); {args.faults} single float32 "
           f"weight bit flips; 1 thread")
@@ -360,9 +378,11 @@ def main(argv: list[str] | None = None) -> None:
     print(f"exact recomputation downstream of each fault: {share:.3f} of a forward per "
           f"fault on average, at most {1 / share:.1f}x a full rerun per fault")
     before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    plans: list[Any] = []
     runs: dict[str, Any] = {
         f"bitfault {mib} MiB": lambda r, mib=mib: bitfault_campaign(
-            model, x, faults, tmp / f"s{r}_{mib}.db", mib << 20) for mib in args.max_mib}
+            model, x, faults, tmp / f"s{r}_{mib}.db", mib << 20, plans)
+        for mib in args.max_mib}
     if args.rank_one_ablation:
         mib = args.max_mib[0]
         for label, name in (("no rank-one", "channel_map"), ("rank-one 1 layer", "carry")):
@@ -380,6 +400,12 @@ def main(argv: list[str] | None = None) -> None:
             assert p == preds["hand loop"], f"{name}: predictions differ from the hand loop's"
     assert all(same_bits(v, before[k]) for k, v in model.state_dict().items()), \
         "the model's weights were not restored bit for bit"
+    plan = plans[0]
+    on = [e for e in plan if e.path == "shortcut"]
+    print(f"plan: {len(on)} of {len(plan)} weights take the single-fault shortcut; it "
+          f"evaluated {sum(e.shortcut_faults for e in plan)} of {args.faults} faults; "
+          f"fallbacks: {sorted(e.tensor for e in plan if e.fallback) or 'none'}")
+    assert all(not e.fallback for p in plans for e in p), "a fast path fell back"
     changed = [sum(a != b for a, b in zip(p, clean, strict=True)) for p in preds["hand loop"]]
     print(f"predictions identical for every fault and image; {sum(c > 0 for c in changed)} "
           f"of {args.faults} faults change a prediction ({sum(changed)} of "
@@ -407,7 +433,7 @@ def table(args: argparse.Namespace, times: dict[str, list[Clock]]) -> list[dict[
     rows = []
     for k, v in times.items():
         wall, cpu = statistics.median(t[0] for t in v), statistics.median(t[1] for t in v)
-        rows.append({"method": k, "width": args.width, "images": args.images,
+        rows.append({"method": k, "width": args.width, "head": args.head, "images": args.images,
                      "faults": args.faults, "repeats": args.repeats, "seed": args.seed,
                      "cpu_s": cpu, "wall_s": wall, "faults_per_cpu_s": args.faults / cpu,
                      "faults_per_wall_s": args.faults / wall})
