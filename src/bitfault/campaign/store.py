@@ -4,9 +4,12 @@ Each trial is committed in its own transaction as soon as it is known, keyed by
 its trial key, so a campaign killed at any moment (even ``kill -9``) loses at most
 the trials that had not been committed, and a re-run skips every committed one:
 none is lost, none is duplicated. The file also records which campaign it belongs
-to (a digest of the memory, i.e. format + fault model, the trials, model and data);
-opening it for a different campaign is an error unless ``append=True``; a store whose
-trials table has other columns (an older bitfault's) cannot be appended to.
+to (a digest of the memory, i.e. format + fault model, the trials, model and data) and
+what it holds (its ``description``: the memory, the model and data digests, how tensors
+were named, and each trial's own columns); opening it for a different campaign is an
+error unless ``append=True``, which adds trials of the same memory, model and data only
+(another trial grid) and names whatever else differs; a store whose trials table has
+other columns (an older bitfault's) cannot be appended to.
 """
 
 from __future__ import annotations
@@ -146,11 +149,44 @@ class CampaignStore:
                              (repr(time.time()),))
             self._db.execute("COMMIT")
             row = self._db.execute("SELECT value FROM campaign WHERE key='digest'").fetchone()
-        if row[0] != campaign and not append:
+        if row[0] == campaign:
+            return
+        diffs = self._differences(description or {})
+        if diffs or not append:
             self._db.close()
+            if diffs:
+                raise StoreError(
+                    f"{self.path}: written by a different campaign: it holds trials of "
+                    f"another {', '.join(diffs)}; append=True adds trials of the same memory, "
+                    "model and data only: use another store")
             raise StoreError(
-                f"{self.path}: written by a different campaign (digest {row[0][:12]}..., this "
-                f"one is {campaign[:12]}...); use another store or pass append=True")
+                f"{self.path}: written by a different campaign (other trials: digest "
+                f"{row[0][:12]}..., this one is {campaign[:12]}...); use another store or "
+                "pass append=True to add these trials")
+
+    def _differences(self, description: dict[str, Any]) -> list[str]:
+        """What the trials stored differ in from the campaign ``description`` describes:
+        its memory (format, fault model, storage), model or data, read from the store's own
+        description and from every stored trial's columns."""
+        stored = self.description()
+        found: dict[str, set[str]] = {"memory": set(), "model": set(), "data": set()}
+        for key in found:
+            if key in stored:
+                found[key].add(_canonical(stored[key]))
+        rows = self._db.execute("SELECT DISTINCT memory, model_digest, data_digest FROM trials")
+        for memory, model, data in rows:
+            for key, value in (("memory", None if memory is None else json.loads(memory)),
+                               ("model", model), ("data", data)):
+                if value is not None:
+                    found[key].add(_canonical(value))
+        names = {"memory": "memory (format, fault model or storage)",
+                 "model": "model (its weights, or the tensors it faults)", "data": "data"}
+        diffs = [names[k] for k, seen in found.items()
+                 if k in description and seen - {_canonical(description[k])}]
+        if "naming" in stored and "naming" in description and \
+                _canonical(stored["naming"]) != _canonical(description["naming"]):
+            diffs.append("naming of the tensors (the chips' seeds)")
+        return diffs
 
     # ---- writing ---------------------------------------------------------------------------
 
@@ -230,6 +266,11 @@ class CampaignStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _canonical(value: Any) -> str:
+    """One JSON text for equal values, whatever their key order or tuple/list types."""
+    return json.dumps(value, sort_keys=True, default=str)
 
 
 def _fieldnames(rows: Iterable[dict[str, Any]]) -> list[str]:

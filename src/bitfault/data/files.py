@@ -67,6 +67,10 @@ def _check_pair(images: np.ndarray, labels: np.ndarray, image_path: str, label_p
     if len(images) != len(labels):
         raise ValueError(f"{label_path}: {len(labels)} labels for {len(images)} images in "
                          f"{image_path}")
+    if not len(images) or not images[0].size:
+        raise ValueError(f"{image_path}: holds no {'images' if not len(images) else 'pixels'} "
+                         f"(shape {images.shape}); a split needs at least one image with at "
+                         "least one pixel")
     if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
         raise ValueError(f"{label_path}: labels must be in 0..{num_classes - 1}, found "
                          f"{int(labels.min())}..{int(labels.max())}")

@@ -68,6 +68,30 @@ def build_model(model: ModelConfig, framework: str, seed: int = 0) -> Any:
     return built
 
 
+def check_model_input(model: Any, framework: str, x: Any, what: str) -> None:
+    """Run ``model`` (eval mode, no gradients) on the first sample of ``x``; a ValueError
+    naming ``what`` (where the data comes from) when the model cannot take such samples,
+    found before training writes anything."""
+    try:
+        if framework == "torch":
+            import torch
+
+            was_training = model.training
+            model.eval()
+            try:
+                with torch.no_grad():
+                    model(torch.as_tensor(x[:1]))
+            finally:
+                model.train(was_training)
+        else:
+            model(x[:1], training=False)
+    except (ImportError, MemoryError):
+        raise
+    except Exception as exc:  # torch and keras raise many kinds for a shape mismatch
+        raise ValueError(f"{what}: samples of shape {tuple(x.shape[1:])} do not fit the model "
+                         f"({_first_line(exc)})") from None
+
+
 def _seed_framework(framework: str, seed: int) -> None:
     if framework == "torch":
         import torch
@@ -173,8 +197,13 @@ def load_model(directory: str | os.PathLike[str], *, trusted: str | bool = False
 
 
 def _first_line(exc: BaseException) -> str:
+    """The first sentence of an error's first line (libraries append paragraphs of advice)."""
     lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+    line = lines[0] if lines else ""
+    if len(line) > 160:
+        end = line.find(". ")
+        line = line[:end + 1] if 0 < end < 160 else line[:157] + "..."
+    return f"{type(exc).__name__}: {line}".rstrip(": ")
 
 
 def _read(path: Path, load: Any) -> Any:
@@ -185,8 +214,9 @@ def _read(path: Path, load: Any) -> Any:
         raise
     except Exception as exc:  # torch/keras raise many kinds for a garbled file
         raise ValueError(f"{path}: cannot be read, it may be truncated or not a saved model "
-                         f"({_first_line(exc)}); train it again") from None
+                         f"({_first_line(exc)}); train it again: bitfault train CONFIG "
+                         f"--retrain") from None
 
 
-__all__ = ["UntrustedModel", "build_model", "check_trusted", "load_model",
+__all__ = ["UntrustedModel", "build_model", "check_model_input", "check_trusted", "load_model",
            "resolve_callable", "save_model"]

@@ -160,7 +160,15 @@ class RunDir:
         if not self.config_path.is_file():
             raise FileNotFoundError(f"{self.path}: not a run directory (no config.json; "
                                     "create one with `bitfault train CONFIG`)")
-        return load_config(read_json(self.config_path))
+        data = read_json(self.config_path)
+        try:
+            if not isinstance(data, dict):
+                raise ValueError(f"a JSON {type(data).__name__}, not a mapping")
+            return load_config(data)
+        except ValueError as exc:  # ConfigError too: the file is not the user's config
+            raise ValueError(f"{self.config_path}: not the config.json of a bitfault run "
+                             f"this version reads ({exc}); if bitfault did not write "
+                             f"{self.path}, choose another output directory") from None
 
     def trained(self, recipe: str) -> bool:
         """True when the recipe's model, recipe.json, model.json and history.json exist."""

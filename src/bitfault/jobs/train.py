@@ -2,10 +2,12 @@
 
 Training is deterministic (fixed seeds), so a model whose recipe and training
 settings are unchanged is reused rather than trained again: rerunning ``train`` (or
-``demo``) on an existing run directory only trains what is missing. Everything is
-checked (config, data, model builder, campaign grid, the directory) before the first
-write, with the directory locked. Nothing is deleted: a model trained again, and with
-``overwrite`` everything a run with other settings made, moves to ``RUN_DIR/replaced/``.
+``demo``) on an existing run directory only trains what is missing; a model to reuse must
+load (else an error naming the file; ``retrain`` trains every recipe again). Everything is
+checked (config, data against the model, every recipe's format against the model's
+weights, campaign grid, models to reuse, the directory) before the first write, with the
+directory locked. Nothing is deleted: a model trained again, and with ``overwrite``
+everything a run with other settings made, moves to ``RUN_DIR/replaced/``.
 """
 
 from __future__ import annotations
@@ -15,11 +17,17 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from bitfault.config import RunConfig, load_config
+from bitfault.config import ConfigError, RunConfig, load_config
 from bitfault.jobs.campaign import check_campaign, plan_model
 from bitfault.jobs.data import load_data
 from bitfault.jobs.lock import lock_run_dir
-from bitfault.jobs.models import build_model, save_model
+from bitfault.jobs.models import (
+    UntrustedModel,
+    build_model,
+    check_model_input,
+    load_model,
+    save_model,
+)
 from bitfault.jobs.progress import SILENT, Reporter
 from bitfault.jobs.run_dir import (
     OWN_NAMES,
@@ -30,6 +38,7 @@ from bitfault.jobs.run_dir import (
     training_differences,
     write_json,
 )
+from bitfault.maps import FaultMap
 from bitfault.recipes import EpochRecord, Recipe
 
 
@@ -62,16 +71,55 @@ def check_run_dir(rd: RunDir, config: RunConfig, overwrite: bool) -> list[str] |
 
 
 def check_training(config: RunConfig) -> Any:
-    """Load the data, build the model once and check the campaign grid against it, before
-    anything is written; returns the data."""
+    """Load the data, build the model once, run it on a sample of each split, and check the
+    campaign grid and every recipe's format against it (a clean run through the format),
+    before anything is written; returns the data."""
     data = load_data(config.data)
     check_campaign(config, stored_formats=False)
     model = build_model(config.model, config.framework, config.seed)
-    (_, _), (xt, yt) = data
-    for recipe in config.recipes:
+    (x, _), (xt, yt) = data
+    d = config.data
+    where = f"data.path {d.path}" if d.path else f"data.source {d.source!r}"
+    for sample in (x, xt):
+        check_model_input(model, config.framework, sample, f"{where} with model "
+                          f"{config.model.name}")
+    for i, recipe in enumerate(config.recipes):
         if recipe.stored_format is not None:
-            plan_model(config, recipe, model, xt, yt)
+            _check_storable(plan_model(config, recipe, model, xt[:8], yt[:8]), i)
     return data
+
+
+def _check_storable(plan: Any, i: int) -> None:
+    """The model's clean weights go through recipe ``i``'s stored format: an error naming
+    its format key when the format cannot store them (a per_channel axis the weights lack)."""
+    golden = {n: FaultMap.empty(s, n) for n, s in plan.evaluator.tensor_shapes().items()}
+    try:
+        plan.evaluator.predict([golden], plan.memory)
+    except (ValueError, TypeError, RuntimeError) as exc:
+        r = plan.recipe
+        key = f"recipes[{i}].format" if r.format is not None else \
+            f"recipes[{i}].fault_aware.format"
+        cause = " ".join(str(exc).split())
+        raise ConfigError(key, r.stored_format.to_dict(), f"a format that can store the "
+                          f"model's weights ({cause})") from None
+
+
+def _check_reusable(rd: RunDir, config: RunConfig, names: set[str]) -> None:
+    """Every model to reuse loads; else an error naming its file and ``--retrain``."""
+    for recipe in config.recipes:
+        if recipe.name not in names:
+            continue
+        try:
+            load_model(rd.model_dir(recipe.name), trusted=config.model.name)
+        except UntrustedModel:
+            raise
+        except (ValueError, OSError) as exc:
+            text = " ".join(str(exc).split())
+            hint = "" if "--retrain" in text else "; train it again: bitfault train CONFIG " \
+                                                  "--retrain"
+            raise ValueError(f"recipe {recipe.name!r}: its trained model cannot be reused: "
+                             f"{text}{hint} (--retrain moves the old models to "
+                             f"{rd.path / 'replaced'})") from None
 
 
 def prepare_run_dir(config: RunConfig, *, overwrite: bool = False,
@@ -95,25 +143,30 @@ def _reusable(rd: RunDir, recipe: Recipe) -> bool:
         rd.model_dir(recipe.name) / "recipe.json") == jsonable(recipe.to_dict())
 
 
-def train(config: RunConfig | Any, *, reporter: Reporter = SILENT,
-          overwrite: bool = False) -> tuple[RunDir, dict[str, dict[str, Any]]]:
+def train(config: RunConfig | Any, *, reporter: Reporter = SILENT, overwrite: bool = False,
+          retrain: bool = False) -> tuple[RunDir, dict[str, dict[str, Any]]]:
     """Train every recipe of ``config`` into its run directory.
 
-    Returns the run directory and, per recipe, ``{"trained": bool (False: reused),
-    "epochs": n, "val_accuracy": last epoch's test accuracy, "seconds": s, "model":
-    path}``.
+    A recipe whose model is already trained with the same settings is reused, unless
+    ``retrain`` (the old model then moves to ``RUN_DIR/replaced/``); a model to reuse that
+    does not load is an error naming its file. Returns the run directory and, per recipe,
+    ``{"trained": bool (False: reused), "epochs": n, "val_accuracy": last epoch's test
+    accuracy, "seconds": s, "model": path}``.
     """
     config = load_config(config)
     rd = RunDir(config.output)
-    check_run_dir(rd, config, overwrite)
+    diffs = check_run_dir(rd, config, overwrite)
     data = check_training(config)
+    reuse = set() if retrain or diffs is None or diffs else {
+        r.name for r in config.recipes if _reusable(rd, r)}
+    _check_reusable(rd, config, reuse)
     rd.path.mkdir(parents=True, exist_ok=True)
     with lock_run_dir(rd.path, "train"):
         rd, reusable = prepare_run_dir(config, overwrite=overwrite, reporter=reporter)
         results: dict[str, dict[str, Any]] = {}
         for recipe in config.recipes:
             directory = rd.model_dir(recipe.name)
-            if reusable and _reusable(rd, recipe):
+            if reusable and recipe.name in reuse and _reusable(rd, recipe):
                 history = rd.history(recipe.name)
                 reporter.note(f"{recipe.name}: already trained in {directory}, reused")
                 trained = False
