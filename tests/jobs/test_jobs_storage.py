@@ -1,5 +1,5 @@
 """A campaign on a stored memory (campaign.memory): trials record the decoder's outcomes,
-the summary and the report show detected / silent / masked shares and the overhead."""
+the summary and the report show detected / sdc / benign / masked shares and the overhead."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def test_a_secded_campaign_summarises_and_reports_its_outcomes(tiny_run: Path) -
     rows = {o["ber"]: o for o in entry["memory"]["outcomes"]}
     assert set(rows) == {1e-3, 1e-1} and all(o["trials"] == 3 for o in rows.values())
     for o in rows.values():
-        assert o["detected"] + o["sdc"] + o["masked"] == pytest.approx(1.0)
+        assert o["detected"] + o["sdc"] + o["benign"] + o["masked"] == pytest.approx(1.0)
         assert o["detected_low"] <= o["detected"] <= o["detected_high"]
     assert rows[1e-1]["words_due"] > 0 and rows[1e-1]["detected"] == 1.0
     html = Path(make_report(tiny_run)["html"]).read_text()
