@@ -258,22 +258,25 @@ def test_fit_stops_when_training_diverges(mnist) -> None:
         fit(model, mnist[0][:200], mnist[1][:200], Recipe(format=None), epochs=3, lr=1e30)
 
 
+@pytest.mark.parametrize("fmt, lr", [(bf.FixedPoint(4, 3), 5.0), (bf.FixedPoint(32, 28), 500.0)],
+                         ids=["Q0.3", "Q3.28"])
 @pytest.mark.parametrize("fault_aware", [False, True])
-def test_fit_keeps_the_clean_weights_storable(fault_aware: bool) -> None:
+def test_fit_keeps_the_clean_weights_storable(fault_aware: bool, fmt, lr) -> None:
     """A large step (and SGD's momentum, which goes on where the gradient is zero) carries
-    weights past FixedPoint(4, 3)'s [-1, 0.875]; fit projects them back after every step."""
+    weights past FixedPoint(4, 3)'s [-1, 0.875]; fit projects them back after every step.
+    FixedPoint(32, 28)'s top, 8 - 2**-28, is no float32: the weights stop at the float32
+    below it, not at 8.0 (which the format does not store)."""
     from bitfault.models.torch import seed_mlp
     from bitfault.torch import stored_weights
 
     rng = np.random.default_rng(0)
     x = torch.tensor(rng.random((200, 784), dtype=np.float32))
     y = torch.tensor(rng.integers(0, 10, 200))
-    fmt = bf.FixedPoint(4, 3)
     recipe = (Recipe(name="fa", format=None, fault_aware=bf.FaultSpec(format=fmt, ber=1e-2))
               if fault_aware else Recipe(name="q", format=fmt))
     torch.manual_seed(0)
     model = seed_mlp(hidden=32)
-    fit(model, x, y, recipe, epochs=3, lr=5.0, batch_size=50)
+    fit(model, x, y, recipe, epochs=3, lr=lr, batch_size=50)
     lo, hi = fmt.range
     for name, w in stored_weights(model).items():
         assert lo <= float(w.min()) and float(w.max()) <= hi, name

@@ -44,6 +44,7 @@ from bitfault.torch.recipes import (
     clip_weights_,
 )
 from bitfault.torch.seam import DeviceFaults, faulty_group
+from bitfault.torch.storable import storable_bounds
 from bitfault.torch.targets import select_tensors
 
 
@@ -291,7 +292,11 @@ def fit(model: nn.Module, x: Any, y: Any, recipe: Recipe, *, epochs: int, batch_
     if recipe.weight_clip is not None:
         clip = clip_weights_(opt, recipe.weight_clip, params=list(weights.values()))
         clip.apply()
-    bounds = None if fmt is None else gradient_bounds(fmt)
+    # the range in the weights' own dtype(s), as inject_ projects (storable_bounds)
+    ends = [] if fmt is None else [storable_bounds(fmt, d) for d in
+                                   {w.dtype for w in weights.values()}]
+    bounds = None if not ends or ends[0] is None else (
+        max(e[0] for e in ends), min(e[1] for e in ends))  # type: ignore[index]
     in_range = None  # the clean weights stay storable (a zero gradient outside the range is
     if bounds is not None:  # not enough: momentum or one large step carries a weight past it)
         in_range = ClipHandle.after_steps(opt, list(weights.values()), *bounds)
