@@ -393,12 +393,14 @@ def check_map_format(fmap: FaultMap, fmt: Format, argument: str = "fmap") -> Non
     """ArgumentError naming ``argument`` unless ``fmap`` was drawn for ``fmt`` or records no
     format (``FaultMap.format``); ``fmap.for_format(fmt)`` converts one explicitly."""
     recorded = fmap.meta.get("format")
-    if recorded is None or _format_key(recorded) == _format_key(fmt.to_dict()):
+    if recorded is None:
         return
     try:
-        drawn: Any = fmap.format
-    except ValueError:  # a format this bitfault does not know: say what the map records
+        drawn: Any = fmap.format  # parsed once per map
+    except ValueError:  # a format this bitfault does not know: compare what it records
         drawn = recorded
+        if _format_key(recorded) == _format_key(fmt.to_dict()):
+            return
     if drawn != fmt:
         raise ArgumentError(argument, fmap, f"a map drawn for {fmt}",
                             requirement=f"{argument} {fmap.name!r} was drawn for {drawn}, "
