@@ -69,3 +69,21 @@ def test_block_format_maps_relabel_every_plane() -> None:
     assert fmap.for_format(mx).planes.keys() == fmap.planes.keys()
     with pytest.raises(bf.ArgumentError, match="has maps of the planes"):
         fmap.for_format(INT8)
+
+
+def test_maps_bitfault_draws_record_their_format() -> None:
+    from bitfault.campaign import rate_sweep, single_faults
+    from bitfault.campaign.runner import trial_maps
+    from bitfault.storage import Storage
+
+    shapes = {"w": (4, 8)}
+    for storage in (None, Storage.from_dict({"word_bits": 64, "protection": "secded"})):
+        memory = bf.Memory(INT8, bf.BitFlip(), storage=storage)
+        [trial] = rate_sweep([0.05], 1)
+        assert trial_maps(trial, memory, shapes)["w"].format == INT8
+    [single] = single_faults([("w", 3, 5)])
+    assert trial_maps(single, bf.Memory(INT8, bf.BitFlip()), shapes)["w"].format == INT8
+    mx = bf.MX("int8")
+    fmap = bf.Memory(mx, bf.BitFlip()).random_map((4, 64), ber=0.01, seed=0, name="w")
+    assert fmap.format == mx and set(fmap.planes) == {"scale"}
+    check_map_format(fmap.planes["scale"], bf.formats.plane_formats(mx)["scale"])

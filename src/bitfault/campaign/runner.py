@@ -96,7 +96,7 @@ def trial_maps(trial: Trial, memory: Memory, shapes: Mapping[str, tuple[int, ...
     if trial.kind == "single":
         maps[trial.target] = FaultMap(shapes[trial.target], np.array([trial.element]),
                                       np.array([1 << trial.bit], np.uint32), trial.target,
-                                      {"source": "single"})
+                                      {"source": "single", "format": memory.format.to_dict()})
         return maps
     names = [trial.target] if trial.kind == "layer" else list(shapes)
     bits = (trial.bit,) if trial.kind == "bit" else memory.fault.bits
