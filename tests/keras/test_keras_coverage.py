@@ -281,3 +281,55 @@ def test_separable_transposed_and_1d_convolutions_are_mapped_in_torch_layout() -
     want = _depthwise_back(bf.inject(_depthwise(k), INT8.format, INT8.fault,
                                      sep.maps["sep.depthwise.weight"]), k.shape)
     assert np.array_equal(faulty.view(np.int32), np.ascontiguousarray(want).view(np.int32))
+
+
+def mixed_model() -> keras.Model:
+    keras.utils.set_random_seed(6)
+    inputs = keras.Input((6, 6, 2))
+    h = keras.layers.DepthwiseConv2D(3, depth_multiplier=2, name="dw")(inputs)
+    h = Scale(name="scale")(keras.layers.GlobalAveragePooling2D()(h))
+    return keras.Model(inputs, keras.layers.Dense(3, name="fc")(h))
+
+
+def test_bitfault_inject_faults_depthwise_kernels_and_prints_what_it_left_out(
+        tmp_path, capsys) -> None:
+    from bitfault.cli import main
+
+    model = mixed_model()
+    model.save(tmp_path / "m.keras")
+    spec = INT8.replace(ber=5e-2)
+    (tmp_path / "spec.json").write_text(__import__("json").dumps(spec.to_dict()))
+    code = main(["inject", str(tmp_path / "m.keras"), "--spec", str(tmp_path / "spec.json"),
+                 "--output", str(tmp_path / "f.keras")])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "dw.weight (4, 1, 3, 3)" in out
+    assert "left out: 3 tensors" in out and "dw.bias (4,): kind 'biases' is not targeted" in out
+    assert "scale.alpha (4,): a variable of a Scale layer" in out
+    faulty = keras.saving.load_model(tmp_path / "f.keras")
+    k = model.get_layer("dw").kernel.numpy()
+    want = _depthwise_back(bf.inject(_depthwise(k), spec.format, spec.fault,
+                                     spec.map_for("dw.weight", (4, 1, 3, 3))), k.shape)
+    assert np.array_equal(faulty.get_layer("dw").kernel.numpy(), want)
+
+
+def test_evaluator_faults_depthwise_kernels_as_inject_does() -> None:
+    from bitfault.keras import KerasEvaluator
+
+    model = mixed_model()
+    x = np.random.default_rng(6).normal(size=(5, 6, 6, 2)).astype(np.float32)
+    ev = KerasEvaluator(model, x, np.zeros(5, int))
+    assert sorted(ev.tensor_shapes()) == ["dw.weight", "fc.weight"]
+    assert {t.name for t in ev.left_out} == {"dw.bias", "scale.alpha", "fc.bias"}
+    fmodel = inject(model, INT8.replace(ber=5e-2))
+    got = ev.predict([fault_maps(fmodel)], INT8.memory)[0]
+    assert np.array_equal(got, np.argmax(np.asarray(fmodel(x)), axis=-1))
+
+
+def test_a_faulty_attention_model_saves_and_reloads(tmp_path) -> None:
+    fmodel = inject(attention_model(), INT8)
+    x = np.random.default_rng(7).integers(0, 11, (2, 5)).astype(np.int32)
+    fmodel.save(tmp_path / "f.keras")
+    again = keras.saving.load_model(tmp_path / "f.keras")
+    assert fault_maps(again)["attn.q_proj_weight"] == fault_maps(fmodel)["attn.q_proj_weight"]
+    assert np.array_equal(np.asarray(again(x)), np.asarray(fmodel(x)))

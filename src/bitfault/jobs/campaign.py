@@ -323,6 +323,10 @@ def _run_all(rd: RunDir, config: RunConfig, plans: list[ModelPlan], examples: in
         name = plan.recipe.name
         out = model_summary(c, plan.memory, plan.evaluator.tensor_shapes(), cleans[name],
                             _stores(rd, plan)[0], rd.single_faults_store_path(name))
+        left = getattr(plan.evaluator, "left_out", None)  # Keras: what is not faulted, and why
+        if left is not None:
+            out["left_out"] = [{"name": t.name, "shape": list(t.shape), "reason": t.reason}
+                               for t in left]
         return out if plan.scheme is None else {**out, "recipe": name, "scheme": plan.scheme}
 
     def write() -> None:
@@ -347,6 +351,9 @@ def _run_all(rd: RunDir, config: RunConfig, plans: list[ModelPlan], examples: in
         write()
         reporter.note(f"{name}: {result.ran} trials run, {result.skipped} already done; "
                       f"no-fault accuracy {m['clean_accuracy']:.3f}")
+        if m.get("left_out"):
+            reporter.note(f"{name}: left out {len(m['left_out'])} tensors: " + "; ".join(
+                f"{t['name']} ({t['reason']})" for t in m["left_out"]))
         if plan.singles:
             stop = StopWhenPrecise(margin=c.single_faults, confidence=c.single_fault_confidence)
             with reporter.bar(f"single faults {name}", len(plan.singles), "fault") as progress:

@@ -31,7 +31,7 @@ from bitfault.campaign.evaluator import (
 )
 from bitfault.keras.layouts import Slot
 from bitfault.keras.seam import faulty_elements, stored
-from bitfault.keras.targets import select_tensors, walk_layers
+from bitfault.keras.targets import select_report, select_tensors, walk_layers
 from bitfault.maps import FaultMap
 from bitfault.memory import Memory, StoredArray
 
@@ -66,11 +66,12 @@ class KerasEvaluator:
         self.max_bytes = check_max_bytes(max_bytes)
         self._model = keras.models.clone_model(model)
         self._model.set_weights(model.get_weights())
-        slots = {s.name: s for s in select_tensors(self._model, targets, filter_fn,
-                                                   kinds=("weights",))}
+        chosen, self.left_out = select_report(self._model, targets, filter_fn,
+                                              kinds=("weights",))
+        slots = {s.name: s for s in chosen}  # left_out: the variables not faulted, and why
         if not slots:
-            raise ValueError("targets chose no tensor: the model has no Dense, EinsumDense, "
-                             "ConvND or Embedding layer (or the filter matched none)")
+            raise ValueError(f"targets chose no tensor (left out: "
+                             f"{[(t.name, t.reason) for t in self.left_out][:8]})")
         self._slots = slots
         self._clean = {n: s.to_torch(np.asarray(s.variable)) for n, s in slots.items()}
         self._memories: dict[tuple[str, str], dict[str, _Memory]] = {}

@@ -142,15 +142,23 @@ def fused_fault_function(fns: Sequence[FaultFn], jit: bool = True,
 
 
 @functools.lru_cache(maxsize=256)
-def _fused(fmt: Format, fault: FaultModel, axes: tuple[int | None, ...], jit: bool) -> Any:
+def _fused(fmt: Format, fault: FaultModel, axes: tuple[int | None, ...], jit: bool,
+           ranks: tuple[int | None, ...] = ()) -> Any:
     return fused_fault_function([fault_function(fmt, fault, a) for a in axes], jit=jit,
                                 static_shapes=isinstance(fmt, BlockFormat))
 
 
 def fused(fmt: Format, fault: FaultModel, axes: tuple[int | None, ...]) -> Any:
     """The fused transform of tensors in ``fmt`` with channel ``axes`` (see ``channel_axis``),
-    XLA-compiled unless ``BITFAULT_KERAS_XLA=0``; made once per (format, fault, axes)."""
-    return _fused(fmt, fault, axes, USE_XLA)
+    XLA-compiled unless ``BITFAULT_KERAS_XLA=0``; made once per (format, fault, axes) and
+    the tensors' ranks (a retrace relaxing shapes must keep each rank: a channel axis needs
+    it)."""
+
+    def run(values: list[tf.Tensor], masks: list[Any]) -> list[tf.Tensor]:
+        ranks = tuple(v.shape.rank for v in values)
+        return _fused(fmt, fault, axes, USE_XLA, ranks)(values, masks)
+
+    return run
 
 
 def channel_axis(slot: Slot, fmt: Format) -> int | None:
