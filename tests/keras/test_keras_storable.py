@@ -11,7 +11,7 @@ keras = pytest.importorskip("keras")
 tf = pytest.importorskip("tensorflow")
 
 from bitfault.keras import FaultyLayer, inject  # noqa: E402
-from bitfault.keras.layers import KeepStorable, storable_range  # noqa: E402
+from bitfault.keras.layers import KeepStorable, keep_storable, storable_range  # noqa: E402
 from bitfault.keras.recipes import ClipToRange, ClipWeights  # noqa: E402
 
 X = np.ones((8, 4), np.float32)
@@ -124,11 +124,12 @@ def test_the_users_constraint_runs_first_and_the_config_keeps_it(tmp_path) -> No
 
 def test_clipping_constraints_merge_into_one_clip() -> None:
     fmt = bf.FixedPoint(8, 4)
-    fmodel = _model(fmt, 0.5, ClipWeights(2.0))
-    constraint = fmodel.get_layer("fc").layer.kernel.constraint
-    assert isinstance(constraint, ClipToRange) and (constraint.lo, constraint.hi) == (-2.0, 2.0)
+    narrow = _model(fmt, 0.5, ClipWeights(2.0)).get_layer("fc").layer.kernel.constraint
+    assert isinstance(narrow, KeepStorable) and narrow.first is None
+    assert (narrow.lo, narrow.hi) == (-2.0, 2.0)
     wide = _model(fmt, 0.5, ClipToRange(-100.0, 100.0)).get_layer("fc").layer.kernel.constraint
-    assert isinstance(wide, ClipToRange) and (wide.lo, wide.hi) == fmt.range
+    assert wide.first is None and (wide.lo, wide.hi) == fmt.range
+    assert keep_storable(wide, (-1.0, 1.0)).hi == 1.0
 
 
 def test_unbounded_formats_and_non_trainable_variables_get_no_constraint() -> None:
@@ -138,5 +139,6 @@ def test_unbounded_formats_and_non_trainable_variables_get_no_constraint() -> No
     layer = FaultyLayer(keras.layers.Dense(3), bf.FaultSpec(format=bf.FixedPoint(8, 4), ber=0.0,
                                                             targets=("weights", "biases")))
     layer.build((None, 4))
-    assert all(isinstance(v.constraint, ClipToRange) for v in layer.layer.trainable_variables)
+    assert all(isinstance(v.constraint, KeepStorable) and v.constraint.first is None
+               for v in layer.layer.trainable_variables)
     assert all(v.constraint is None for v in layer.non_trainable_variables)

@@ -124,35 +124,33 @@ def storable_range(fmt: Format) -> tuple[float, float] | None:
 
 
 class KeepStorable(keras.constraints.Constraint):
-    """``first`` (a variable's own constraint, or None), then a projection into ``[lo, hi]``
-    (``ClipToRange``): what a FaultyLayer sets on each clean variable it faults."""
+    """``first`` (a variable's own constraint, or None), then a projection into ``[lo, hi]``:
+    what a FaultyLayer sets on each clean variable it faults. The projection is one
+    ``ClipByValue`` pass whose result the optimizer's assign adopts without a copy."""
 
     def __init__(self, first: Any, lo: float, hi: float) -> None:
-        self.first = first
-        self.clip = ClipToRange(lo, hi)
+        if not lo < hi:
+            raise ValueError(f"KeepStorable needs lo < hi, got {lo!r}, {hi!r}")
+        self.first, self.lo, self.hi = first, float(lo), float(hi)
 
     def __call__(self, w: Any) -> Any:
-        return self.clip(w if self.first is None else self.first(w))
+        w = tf.convert_to_tensor(w if self.first is None else self.first(w))
+        return tf.raw_ops.ClipByValue(t=w, clip_value_min=tf.constant(self.lo, w.dtype),
+                                      clip_value_max=tf.constant(self.hi, w.dtype))
 
 
-def keep_storable(constraint: Any, bounds: tuple[float, float]) -> Any:
-    """``constraint`` followed by the projection into ``bounds``: one clip where there is no
-    constraint or it is itself a clip (``ClipToRange``/``ClipWeights``), unchanged where it
-    already keeps values in ``bounds``."""
+def keep_storable(constraint: Any, bounds: tuple[float, float]) -> KeepStorable:
+    """``constraint`` followed by the projection into ``bounds``; a clip (``ClipToRange``,
+    ``ClipWeights``, an earlier ``KeepStorable``) is merged into the one projection."""
     lo, hi = bounds
+    first = constraint
     if isinstance(constraint, KeepStorable):
-        constraint = constraint.first
-    if constraint is None:
-        return ClipToRange(lo, hi)
-    if isinstance(constraint, ClipWeights):
-        lo, hi = max(lo, -constraint.w_max), min(hi, constraint.w_max)
-    elif isinstance(constraint, ClipToRange):
-        if bounds[0] <= constraint.lo and constraint.hi <= bounds[1]:
-            return constraint
-        lo, hi = max(lo, constraint.lo), min(hi, constraint.hi)
-    else:
-        return KeepStorable(constraint, lo, hi)
-    return ClipToRange(lo, hi) if lo < hi else KeepStorable(constraint, *bounds)
+        first, lo, hi = constraint.first, max(lo, constraint.lo), min(hi, constraint.hi)
+    if isinstance(first, ClipWeights):
+        first, lo, hi = None, max(lo, -first.w_max), min(hi, first.w_max)
+    elif isinstance(first, ClipToRange):
+        first, lo, hi = None, max(lo, first.lo), min(hi, first.hi)
+    return KeepStorable(first, lo, hi) if lo < hi else KeepStorable(constraint, *bounds)
 
 
 @keras.saving.register_keras_serializable(package="bitfault")
