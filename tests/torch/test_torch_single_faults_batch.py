@@ -198,3 +198,27 @@ def test_plan_says_which_path_and_why() -> None:
     for a, b in zip(_predict(ev, faults), _predict(exact, faults), strict=True):
         assert np.array_equal(a, b)
     assert {e.tensor: e.path for e in exact.plan()} == dict.fromkeys(ev.names, "model")
+
+
+def test_a_failing_layer_path_runs_the_whole_model(tmp_path) -> None:
+    """Trials with several faults in one tensor whose layer path raises: the whole model
+    runs them (the exact results), one warning names the tensor, the plan says "model"."""
+    from bitfault.campaign import layer_sweep
+
+    x, y = _data(9)
+    fast = TorchEvaluator(_model(Net), x, y, batch_size=4)
+    exact = TorchEvaluator(_model(Net), x, y, batch_size=4, fast_paths=False)
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("a traced graph that does not run")
+
+    fast._predict_layer = broken
+    trials = layer_sweep([3e-3], chips=4, targets=["c2.weight"])
+    with pytest.warns(RuntimeWarning, match="layer path failed on tensor 'c2.weight'") as rec:
+        got = run(fast, trials, F32, tmp_path / "a.db")
+    assert sum("layer path failed" in str(w.message) for w in rec) == 1
+    want = run(exact, trials, F32, tmp_path / "b.db")
+    assert [r.metrics for r in got.records] == [r.metrics for r in want.records]
+    assert "a traced graph that does not run" in fast.fallbacks["c2.weight"]
+    entry = {e.tensor: e for e in fast.plan()}["c2.weight"]
+    assert entry.several == "model" and entry.fallback == fast.fallbacks["c2.weight"]

@@ -77,12 +77,14 @@ def evaluation_plan(ev: Any, memory: Memory | None = None) -> Plan:
         path = ev._path[name]
         fallback = ev.fallbacks.get(name)
         done = ev._shortcut_faults.get(path, 0)
-        if path in ev._full_only:
-            entries.append(PlanEntry(name, MODEL, "the layer path failed at run time", MODEL,
-                                     done, fallback))
-            continue
-        route = SHORTCUT if ev._single_ok(path) else LAYER
-        entries.append(PlanEntry(name, route, ev._single_why[path], LAYER, done, fallback))
+        several = MODEL if path in ev._full_only else LAYER  # its layer path failed
+        if ev._single_ok(path):
+            entries.append(PlanEntry(name, SHORTCUT, ev._single_why[path], several, done,
+                                     fallback))
+        else:
+            why = ev._single_why[path] if several == LAYER else \
+                f"{ev._single_why[path]}; the layer path failed at run time"
+            entries.append(PlanEntry(name, several, why, several, done, fallback))
     return Plan(entries)
 
 
