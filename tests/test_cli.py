@@ -159,7 +159,8 @@ def test_usage_errors_are_one_line_and_help_is_not_an_error() -> None:
 def test_json_flag_before_or_after_the_command(tmp_path: Path) -> None:
     for args in (("--json", "map", str(tmp_path / "a.npz")), ("map", str(tmp_path / "a.npz"),
                                                              "--json")):
-        out = bitfault_cli(*args, "--shape", "8,8", "--name", "w", "--count", "3")
+        out = bitfault_cli(*args, "--shape", "8,8", "--name", "w", "--count", "3",
+                           "--overwrite")  # the second run replaces the first's map
         assert out.returncode == 0, out.stderr
         result = json.loads(out.stdout)
         assert (result["command"], result["ok"], result["faults"]) == ("map", True, 3)
