@@ -202,12 +202,14 @@ class _FusedPass:
         self.spans = [(o, o + n, shape) for o, n, shape in
                       zip(faults.offsets, faults.sizes, shapes, strict=True)]
         self.total = sum(faults.sizes)
-        # the kept output: a flat float32 array and its slices. The tensors handed out are
-        # views of ``torch.from_numpy(buffer)``, whose storage holds a reference to the
-        # array for as long as any view, alias or saved copy of it lives; ``free``: the
-        # array's reference count when only this object holds it
+        # the kept output: a flat float32 array; ``flats``: its slices, one per tensor (the
+        # kernels write them), ``shaped``: the same with each tensor's shape. The tensors
+        # handed out come from ``torch.from_numpy(shaped[i])``, whose storage holds a
+        # reference to that array for as long as any view, alias or saved copy of it lives;
+        # ``free``: an array's reference count when only this object holds it
         self.buffer: np.ndarray | None = None
-        self.dsts: list[np.ndarray] = []
+        self.flats: list[np.ndarray] = []
+        self.shaped: list[np.ndarray] = []
         self.free = 0
 
     def _views(self, out: torch.Tensor) -> list[torch.Tensor]:
@@ -220,12 +222,16 @@ class _FusedPass:
             out = torch.empty(self.total, dtype=torch.float32)
             flat = out.numpy()
             return [flat[a:b] for a, b, _ in self.spans], self._views(out)
-        if self.buffer is None or sys.getrefcount(self.buffer) != self.free:
+        free = self.free
+        if self.buffer is None or any(sys.getrefcount(a) != free for a in self.shaped):
             buffer = torch.empty(self.total, dtype=torch.float32).numpy()
-            self.buffer, self.dsts = buffer, [buffer[a:b] for a, b, _ in self.spans]
+            self.buffer = buffer
+            self.flats = [buffer[a:b] for a, b, _ in self.spans]
+            self.shaped = [f.reshape(shape) for f, (_, _, shape) in
+                           zip(self.flats, self.spans, strict=True)]
             del buffer
-            self.free = sys.getrefcount(self.buffer)
-        return self.dsts, self._views(torch.from_numpy(self.buffer))
+            self.free = max((sys.getrefcount(a) for a in self.shaped), default=0)  # as above
+        return self.flats, [torch.from_numpy(a) for a in self.shaped]
 
     def __call__(self, xs: Sequence[torch.Tensor], reuse: bool,
                  check: bool = False) -> tuple[list[torch.Tensor], list[int]]:
@@ -234,7 +240,7 @@ class _FusedPass:
         dsts, views = self._output(reuse)
         bad, args = [], (True,) if check else ()
         for i, (x, call, dst) in enumerate(zip(xs, self.calls, dsts, strict=True)):
-            if not call(x.reshape(-1).numpy(), dst, *args):
+            if not call(x.numpy().reshape(-1), dst, *args):
                 bad.append(i)
         return views, bad
 
@@ -323,9 +329,17 @@ def checked_group(xs: Sequence[torch.Tensor], fmt: Format, fault: FaultModel,
     as they are: a value outside ``storable_bounds(fmt, dtype)``, a NaN or an inf (a format
     without bounds: a NaN or an inf). The compiled CPU kernels check while they encode; any
     other path takes one ``aminmax`` pass per tensor (``storable.outside``)."""
-    if xs and not isinstance(fmt, BlockFormat) and all(compiled_for(x, fmt) for x in xs):
+    if not xs:
+        return [], []
+    kind = (fmt, xs[0].dtype, xs[0].device, numba_available())  # one dtype and device:
+    # the answer is kept with the faults (whose shapes are fixed)
+    known = faults.__dict__.get("_compiled")
+    if known is None or known[0] != kind:
+        compiled = not isinstance(fmt, BlockFormat) and all(compiled_for(x, fmt) for x in xs)
+        faults.__dict__["_compiled"] = known = (kind, compiled)
+    if known[1]:
         return _fused_group(xs, fmt, fault, faults, reuse_output, check=True)
-    bad = outside(xs, storable_bounds(fmt, xs[0].dtype)) if xs else []
+    bad = outside(xs, storable_bounds(fmt, xs[0].dtype))
     return faulty_group(xs, fmt, fault, faults, buffers=buffers, reuse_output=reuse_output), bad
 
 
