@@ -135,12 +135,13 @@ def int_quant_fault(fmt: IntQuant, fault: FaultModel, axis: int | None) -> Fault
             axes, keep = None, False
         else:
             axes, keep = [i for i in range(x.shape.rank) if i != axis], True
-        mn = tf.minimum(tf.reduce_min(x, axis=axes, keepdims=keep), 0.0)
-        mx = tf.maximum(tf.reduce_max(x, axis=axes, keepdims=keep), 0.0)
-        if fmt.symmetric:
-            scale = tf.maximum(_div_f32(tf.maximum(-mn, mx), half_range), eps)
+        if fmt.symmetric:  # max(-min(x, 0), max(x, 0)) is max|x|: one reduction, not two
+            top = tf.maximum(tf.reduce_max(tf.abs(x), axis=axes, keepdims=keep), 0.0)
+            scale = tf.maximum(_div_f32(top, half_range), eps)
             zero = tf.zeros_like(scale, tf.float64)
         else:
+            mn = tf.minimum(tf.reduce_min(x, axis=axes, keepdims=keep), 0.0)
+            mx = tf.maximum(tf.reduce_max(x, axis=axes, keepdims=keep), 0.0)
             scale = tf.maximum(_div_f32(mx - mn, half_range), eps)
             zero = tf.clip_by_value(lo - tf.cast(tf.math.round(mn / scale), tf.float64),
                                     float(lo), float(hi))
