@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from bitfault.torch.graph import TracedGraph, run_nodes
+from bitfault.torch.graph import TracedGraph, run_nodes, submodule
 
 ROWS, SIZED, FIXED = "rows", "sized", "fixed"
 # metadata reads: a node that only asks its input's shape gets an expanded view of one
@@ -38,25 +38,41 @@ _META_ATTRS = frozenset({"shape", "ndim", "dtype", "device"})
 
 
 def _close(a: Any, b: Any) -> bool:
-    """Equal values: integers and booleans exactly, floats to 1e-3 of their magnitude
-    (a convolution's rows may differ in the last bits between batch sizes), NaN equal."""
+    """Equal values: bit for bit, or floats to 1e-3 of their largest finite magnitude (a
+    convolution's rows may differ in the last bits between batch sizes), NaN equal."""
     import torch
 
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
-    if not (a.is_floating_point() or a.is_complex()):
-        return bool(torch.equal(a, b))
-    if a.numel() == 0:
+    if torch.equal(a, b):
         return True
-    a, b = a.double(), b.double()
-    both = torch.isnan(a) & torch.isnan(b)
-    same = (a == b) | both  # infinities of one sign too
-    finite = torch.isfinite(a) & torch.isfinite(b)
-    if not bool((same | finite).all()):
+    if not a.is_floating_point() or a.numel() == 0:
         return False
-    scale = float(torch.where(finite, a.abs(), torch.zeros_like(a)).max())
-    diff = torch.where(finite, (a - b).abs(), torch.zeros_like(a))
-    return float(diff.max()) <= 1e-3 * scale + 1e-12
+    scale = float(a.abs().nan_to_num(0.0, 0.0, 0.0).max())
+    return bool(torch.isclose(a, b, rtol=0.0, atol=1e-3 * scale + 1e-12,
+                              equal_nan=True).all())
+
+
+def _rowwise(model: Any, node: Any) -> bool:
+    """Whether ``node`` is an operation known to compute each example's rows from that
+    example's alone (torch's own convolution, Linear, eval-mode BatchNorm, activation and
+    pooling modules and functions): not checked again in ``probe``."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    if node.op == "call_module":
+        mod = submodule(model, node.target)
+        kinds = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear, nn.BatchNorm1d, nn.BatchNorm2d,
+                 nn.BatchNorm3d, nn.ReLU, nn.ReLU6, nn.Hardtanh, nn.Hardswish, nn.SiLU,
+                 nn.GELU, nn.Sigmoid, nn.Tanh, nn.Identity, nn.Dropout, nn.MaxPool1d,
+                 nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d,
+                 nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d)
+        return type(mod) in kinds and not mod.training
+    return node.op == "call_function" and node.target in (
+        torch.relu, F.relu, F.relu6, F.hardtanh, F.hardswish, F.silu, F.gelu, torch.sigmoid,
+        torch.tanh, F.adaptive_avg_pool1d, F.adaptive_avg_pool2d, F.adaptive_avg_pool3d,
+        F.avg_pool1d, F.avg_pool2d, F.avg_pool3d, F.max_pool1d, F.max_pool2d, F.max_pool3d)
 
 
 def _classify(two: Any, three: Any) -> str:
@@ -114,7 +130,8 @@ class BatchRoles:
                     keep.update(node.all_input_nodes)
                 three = envs[1][node]
                 if role[node] != SIZED and isinstance(three, torch.Tensor) \
-                        and node.op not in ("placeholder", "get_attr"):
+                        and node.op not in ("placeholder", "get_attr") \
+                        and not _rowwise(model, node):
                     local: dict[Any, Any] = {}
                     for inp in node.all_input_nodes:
                         found.fill(inp, local, envs[1], rows, model, {})
