@@ -19,7 +19,9 @@ NumPy core), and the model's own ``forward`` runs on the data in eval mode under
   column/channel and what follows from it (``bitfault.torch.single_faults``).
 
 Other trials (faults in several tensors) run the model once per map. Every cache shares
-the one budget ``max_bytes`` (``bitfault.torch.budget``). Imports torch lazily.
+the one budget ``max_bytes`` (``bitfault.torch.budget``). ``plan()`` says which path each
+tensor's faults take and why; a fast path that fails at run time hands its tensor to the
+exact path (one warning, recorded in ``fallbacks``). Imports torch lazily.
 """
 
 from __future__ import annotations
