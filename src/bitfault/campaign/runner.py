@@ -21,7 +21,6 @@ import platform
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -30,19 +29,17 @@ import bitfault
 from bitfault.campaign.evaluator import Evaluator, Maps
 from bitfault.campaign.grid import Trial
 from bitfault.campaign.metrics import (
-    BENIGN_COSINE,
     Metric,
     accuracy_metrics,
     call_metric,
-    outcome_summary,
 )
+from bitfault.campaign.result import CampaignResult, memory_outcomes
 from bitfault.campaign.stopping import StopWhenPrecise
-from bitfault.campaign.store import CampaignStore, TrialRecord
+from bitfault.campaign.store import CampaignStore
 from bitfault.errors import ArgumentError, ArgumentTypeError
 from bitfault.faults import resolve_plane_bits
 from bitfault.maps import FaultMap
 from bitfault.memory import Memory
-from bitfault.stats import SUMMARY_COLUMNS, summary_rows
 from bitfault.stored_faults import TensorWords
 
 
@@ -132,72 +129,6 @@ def campaign_digest(memory: Memory, trials: Sequence[Trial], model_digest: str,
     body = {"memory": memory.to_dict(), "trials": sorted(t.key for t in trials),
             "model": model_digest, "data": data_digest}
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
-
-
-@dataclass
-class CampaignResult:
-    """Every trial of a campaign (from the store, including earlier runs)."""
-
-    records: list[TrialRecord]
-    ran: int = 0
-    skipped: int = 0
-    clean: dict[str, float] = field(default_factory=dict)
-    stopping: dict[str, Any] | None = None  # with run(stop=...): the estimate it stopped on
-
-    def to_dataframe(self) -> Any:
-        import pandas as pd
-
-        return pd.DataFrame([r.flat() for r in self.records])
-
-    def summary(self, metric: str = "accuracy",
-                confidence: float = 0.95) -> list[dict[str, Any]]:
-        """Across chips: ``summary_rows`` of ``metric`` (a bounded one, such as accuracy or
-        cosine, gets an interval inside its bounds, perplexity and KL one above their
-        floor; a chip where it is not finite is counted in ``non_finite``, never averaged).
-        For perplexity and KL read the ``median`` and quartiles (``stats.headline_stat``):
-        one chip's 1e7 moves the mean, not them."""
-        for r in self.records:
-            if metric not in r.metrics:
-                raise KeyError(f"metric {metric!r} not recorded; have {sorted(r.metrics)}")
-        return summary_rows(self.records, metric, confidence)
-
-    def to_frame(self, metric: str = "accuracy", confidence: float = 0.95) -> Any:
-        """``summary(metric, confidence)`` as a pandas DataFrame, columns in
-        ``stats.SUMMARY_COLUMNS`` order (NaN where a group has no finite chip)."""
-        import pandas as pd
-
-        return pd.DataFrame(self.summary(metric, confidence), columns=list(SUMMARY_COLUMNS))
-
-    def outcomes(self, confidence: float = 0.95,
-                 benign_cosine: float = BENIGN_COSINE) -> list[dict[str, Any]]:
-        """An ``OutputMetric`` campaign's share of trials in each outcome class, with Wilson
-        intervals, per (kind, ber, target, bit) (``metrics.outcome_summary``)."""
-        return outcome_summary(self.records, confidence, benign_cosine)
-
-    def to_json(self) -> str:
-        """The result as JSON; with an ``OutputMetric``'s trials, ``outcomes`` too."""
-        body = {"clean": self.clean, "ran": self.ran, "skipped": self.skipped,
-                "stopping": self.stopping, "trials": [r.flat() for r in self.records]}
-        if self.records and all("masked" in r.metrics for r in self.records):
-            body["outcomes"] = self.outcomes()
-        return json.dumps(body, sort_keys=True)
-
-
-def memory_outcomes(maps: Maps) -> dict[str, int]:
-    """What a stored memory's decoder did in one trial, summed over every tensor and plane
-    (``storage``'s maps record it): ``raw_bit_errors``, ``words_corrected``, ``words_due``
-    (detected, uncorrectable), ``words_silent`` (wrong data, undetected), and ``detected``
-    (1 when any word was DUE: the trial is flagged); empty for other memories."""
-    total: dict[str, int] = {}
-    for fmap in maps.values():
-        for m in (fmap, *fmap.planes.values()):
-            for key, value in m.meta.get("outcomes", {}).items():
-                total[key] = total.get(key, 0) + int(value)
-    if not total:
-        return {}
-    return {"raw_bit_errors": total["bit_errors"], "words_corrected": total["corrected"],
-            "words_due": total["due"], "words_silent": total["silent"],
-            "detected": int(total["due"] > 0)}
 
 
 def evaluate_trials(evaluator: Evaluator, trials: Sequence[Trial], memory: Memory,

@@ -6,8 +6,9 @@ name, step), nested across rates, at a cost proportional to the faults
 (``sampling``); maps keep their provenance in ``.npz`` files (``files``).
 """
 
-from bitfault.maps.faultmap import FaultMap, check_map_format, popcount
+from bitfault.maps.faultmap import FaultMap, popcount
 from bitfault.maps.files import MAP_FILE_VERSION
+from bitfault.maps.map_format import check_map_format
 from bitfault.maps.sampling import bit_stream, cell_stream, name_key
 
 __all__ = ["MAP_FILE_VERSION", "FaultMap", "bit_stream", "cell_stream", "check_map_format",

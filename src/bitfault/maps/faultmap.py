@@ -389,28 +389,4 @@ class FaultMap:
         return fmap
 
 
-def check_map_format(fmap: FaultMap, fmt: Format, argument: str = "fmap") -> None:
-    """ArgumentError naming ``argument`` unless ``fmap`` was drawn for ``fmt`` or records no
-    format (``FaultMap.format``); ``fmap.for_format(fmt)`` converts one explicitly."""
-    recorded = fmap.meta.get("format")
-    if recorded is None:
-        return
-    try:
-        drawn: Any = fmap.format  # parsed once per map
-    except ValueError:  # a format this bitfault does not know: compare what it records
-        drawn = recorded
-        if _format_key(recorded) == _format_key(fmt.to_dict()):
-            return
-    if drawn != fmt:
-        raise ArgumentError(argument, fmap, f"a map drawn for {fmt}",
-                            requirement=f"{argument} {fmap.name!r} was drawn for {drawn}, "
-                                        f"the tensor is stored in {fmt}; its bit positions "
-                                        "mean other things there (draw a map for this format, "
-                                        "or convert it explicitly: fmap.for_format(fmt))")
-
-
-def _format_key(data: Any) -> str:
-    return json.dumps(data, sort_keys=True, default=str)
-
-
-__all__ = ["FaultMap", "check_map_format", "popcount"]
+__all__ = ["FaultMap", "popcount"]
