@@ -276,9 +276,10 @@ class FaultHandle:
     def _fault_params(self, params: Sequence[FaultedParam], tensors: Sequence[torch.Tensor],
                       reuse_output: bool = False) -> dict[str, torch.Tensor]:
         first = tensors[0]
-        kind = (first.dtype, first.device)
-        if all(t.dtype == kind[0] and t.device == kind[1] for t in tensors):
-            groups = {kind: range(len(tensors))}  # the usual case: one pass over all
+        dtype, cpu = first.dtype, first.is_cpu  # (``is_cpu`` is cheaper than ``device``)
+        if all(t.dtype is dtype and t.is_cpu is cpu for t in tensors) and (
+                cpu or all(t.device == first.device for t in tensors)):
+            groups = {(dtype, first.device): range(len(tensors))}  # the usual case: one pass
         else:
             groups = {}
             for i, t in enumerate(tensors):
@@ -289,19 +290,17 @@ class FaultHandle:
             names = tuple(params[i].name for i in members)
             faults = self._device_faults(names, [self._maps[n] for n in names], 0, device)
             clean = [tensors[i] for i in members]
-            values = [c.detach() for c in clean]
-            with torch.no_grad():  # the storability check comes with the pass (checked_group)
-                faulty, bad = checked_group(values, spec.format, spec.fault, faults,
-                                            buffers=self._buffers, reuse_output=reuse_output)
+            values = [c.detach() for c in clean]  # (no graph: no_grad is not needed)
+            faulty, bad = checked_group(values, spec.format, spec.fault, faults,
+                                        buffers=self._buffers, reuse_output=reuse_output)
             if bad:  # NaN or inf: an error; outside the range: projected where trained
                 fixed, bad = settle(names, clean, values, bad, spec.format, self._project)
                 if fixed:
                     if self._auto_step:  # a projection is no optimizer step
                         self._weights_seen = self._weights_state()
                     del faulty  # the kept output may be written again
-                    with torch.no_grad():
-                        faulty = faulty_group(values, spec.format, spec.fault, faults,
-                                              buffers=self._buffers, reuse_output=reuse_output)
+                    faulty = faulty_group(values, spec.format, spec.fault, faults,
+                                          buffers=self._buffers, reuse_output=reuse_output)
             out.update(zip(names, straight_through(
                 clean, faulty, spec.gradient == "blocked", kept=reuse_output,
                 bounds=storable_bounds(spec.format, dtype), only=bad), strict=True))
