@@ -58,6 +58,8 @@ def outside(xs: Sequence[torch.Tensor], bounds: tuple[float, float] | None) -> l
 
 def first_non_finite(x: torch.Tensor) -> tuple[tuple[int, ...], float] | None:
     """The index and value of ``x``'s first NaN or inf (row-major order), or None."""
+    if not x.numel() or all(math.isfinite(float(v)) for v in torch.aminmax(x.detach())):
+        return None  # one pass, no mask: the usual answer
     bad = ~torch.isfinite(x.detach())
     if not bool(bad.any()):
         return None
