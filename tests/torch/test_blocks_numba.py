@@ -139,8 +139,10 @@ def test_strict_injection_raises_the_cores_errors_through_the_compiled_path():
     fmap = bf.FaultMap.random((4, 64), fmt, ber=0.01, seed=0, name="w")
     bad = x.clone()
     bad[1, 3] = float("nan")
+    mx = MX("float4_e2m1fn")
     with pytest.raises(ValueError, match="NaN"):
-        seam.inject_tensor(bad, MX("float4_e2m1fn"), bf.BitFlip(), fmap)
+        seam.inject_tensor(bad, mx, bf.BitFlip(),
+                           bf.FaultMap.random((4, 64), mx, ber=0.01, seed=0, name="w"))
     big = x.clone()
     big[0, 0] = 3e38
     with pytest.raises(ArgumentError, match="float16"):

@@ -19,16 +19,19 @@ def check_map_format(fmap: FaultMap, fmt: Format, argument: str = "fmap") -> Non
         return
     try:
         drawn: Any = fmap.format  # parsed once per map
-    except ValueError:  # a format this bitfault does not know: compare what it records
+    except ValueError:  # a format this bitfault does not know: name what it records
         drawn = recorded
-        if _format_key(recorded) == _format_key(fmt.to_dict()):
-            return
-    if drawn != fmt:
-        raise ArgumentError(argument, fmap, f"a map drawn for {fmt}",
-                            requirement=f"{argument} {fmap.name!r} was drawn for {drawn}, "
-                                        f"the tensor is stored in {fmt}; its bit positions "
-                                        "mean other things there (draw a map for this format, "
-                                        "or convert it explicitly: fmap.for_format(fmt))")
+    if drawn == fmt:
+        return
+    # a subclass of a format (or one this bitfault cannot parse) records its base's fields:
+    # the map fits when what it records is what ``fmt`` records
+    if _format_key(recorded) == _format_key(fmt.to_dict()):
+        return
+    raise ArgumentError(argument, fmap, f"a map drawn for {fmt}",
+                        requirement=f"{argument} {fmap.name!r} was drawn for {drawn}, the "
+                                    f"tensor is stored in {fmt}; its bit positions mean other "
+                                    "things there (draw a map for this format, or convert it "
+                                    "explicitly: fmap.for_format(fmt))")
 
 
 def _format_key(data: Any) -> str:
