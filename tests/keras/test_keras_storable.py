@@ -142,3 +142,29 @@ def test_unbounded_formats_and_non_trainable_variables_get_no_constraint() -> No
     assert all(isinstance(v.constraint, KeepStorable) and v.constraint.first is None
                for v in layer.layer.trainable_variables)
     assert all(v.constraint is None for v in layer.non_trainable_variables)
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_checked_pass_zeroes_the_gradient_outside_exactly_as_the_plain_one(jit: bool) -> None:
+    """fused_checked's 0/1 masks give +0.0 outside the range even for a NaN or infinite
+    upstream gradient, the upstream itself inside, bit for bit the separate zeroing pass."""
+    from bitfault.keras.seam import fused, fused_checked, straight_through
+
+    fmt = bf.FixedPoint(8, 4)
+    bounds = bf.formats.gradient_bounds(fmt)
+    v = tf.constant([[-9.0, -8.0, 0.5], [7.9375, 8.0, 100.0]])
+    mask = tf.constant([[0, 1, 0], [0, 0, 4]], tf.int8)
+    upstream = tf.constant([[np.nan, -2.0, -3.0], [np.inf, -np.inf, -5.0]])
+    grads = []
+    for checked in (None, fused_checked(fmt, bf.BitFlip(), (None,), bounds)):
+        @tf.function(jit_compile=jit)
+        def grad(checked=checked) -> tf.Tensor:
+            with tf.GradientTape() as tape:
+                tape.watch(v)
+                out = straight_through(fused(fmt, bf.BitFlip(), (None,)), [v], [mask], "ste",
+                                       bounds, checked)[0]
+            return tape.gradient(out, v, output_gradients=upstream)
+        grads.append(grad().numpy())
+    expected = np.array([[0.0, -2.0, -3.0], [np.inf, 0.0, 0.0]], np.float32)
+    for g in grads:
+        assert np.array_equal(g.view(np.int32), expected.view(np.int32))

@@ -37,7 +37,13 @@ from bitfault.keras.layouts import (
     is_supported,
 )
 from bitfault.keras.recipes import ClipToRange, ClipWeights
-from bitfault.keras.seam import channel_axis, check_supported, fused, straight_through
+from bitfault.keras.seam import (
+    channel_axis,
+    check_supported,
+    fused,
+    fused_checked,
+    straight_through,
+)
 from bitfault.keras.targets import layer_slots
 from bitfault.maps import FaultMap
 from bitfault.spec import FaultSpec
@@ -247,8 +253,13 @@ class FaultyLayer(keras.layers.Wrapper):
         if params:
             values, masks = _read(params, self.compute_dtype)
             values = [s.to_work(v) for (s, _), v in zip(params, values, strict=True)]
-            faulty = straight_through(self._fused_for([s for s, _ in params]), values, masks,
-                                      self.spec.gradient, gradient_bounds(self.spec.format))
+            slots = [s for s, _ in params]
+            bounds = gradient_bounds(self.spec.format)
+            checked = None if bounds is None else fused_checked(
+                self.spec.format, self.spec.fault,
+                tuple(channel_axis(s, self.spec.format) for s in slots), bounds)
+            faulty = straight_through(self._fused_for(slots), values, masks,
+                                      self.spec.gradient, bounds, checked)
             substitutes = [(s.variable, s.from_work(f))
                            for (s, _), f in zip(params, faulty, strict=True)]
             with _substituted(substitutes) as scope:

@@ -172,6 +172,37 @@ def channel_axis(slot: Slot, fmt: Format) -> int | None:
     return None
 
 
+@functools.lru_cache(maxsize=256)
+def _fused_checked(fmt: Format, fault: FaultModel, axes: tuple[int | None, ...],
+                   bounds: tuple[float, float], jit: bool,
+                   ranks: tuple[int | None, ...] = ()) -> Any:
+    fns = [fault_function(fmt, fault, a) for a in axes]
+    lo, hi = bounds
+
+    def run(values: list[tf.Tensor], masks: list[Any]) -> tuple[list[tf.Tensor], list[tf.Tensor]]:
+        out = [fn(v, m) for fn, v, m in zip(fns, values, masks, strict=True)]
+        return out, [tf.cast((v >= lo) & (v <= hi), v.dtype) for v in values]
+
+    if not jit:
+        return run
+    return tf.function(run, jit_compile=True, autograph=False,
+                       reduce_retracing=not isinstance(fmt, BlockFormat))
+
+
+def fused_checked(fmt: Format, fault: FaultModel, axes: tuple[int | None, ...],
+                  bounds: tuple[float, float]) -> Any:
+    """``fused`` that also returns, per tensor, 1.0 where a value lies in ``bounds`` and 0.0
+    elsewhere, written by the same fused pass: ``straight_through``'s backward is then one
+    ``multiply_no_nan`` (exactly +0.0 outside, even for a NaN or infinite gradient) instead
+    of a second compiled pass over the values. Made once per tensors' ranks, as ``fused``."""
+
+    def run(values: list[tf.Tensor], masks: list[Any]) -> Any:
+        ranks = tuple(v.shape.rank for v in values)
+        return _fused_checked(fmt, fault, axes, bounds, USE_XLA, ranks)(values, masks)
+
+    return run
+
+
 @functools.cache
 def _zero_outside(lo: float, hi: float, jit: bool) -> Any:
     """``(v, dy) -> dy`` where ``lo <= v <= hi``, exactly 0 elsewhere: one fused pass (XLA)."""
@@ -183,24 +214,33 @@ def _zero_outside(lo: float, hi: float, jit: bool) -> Any:
 
 
 def straight_through(fused: Any, values: list[tf.Tensor], masks: list[Any],
-                     gradient: str, bounds: tuple[float, float] | None = None
-                     ) -> list[tf.Tensor]:
+                     gradient: str, bounds: tuple[float, float] | None = None,
+                     checked: Any = None) -> list[tf.Tensor]:
     """The faulty values; "ste": gradient passes to ``values`` unchanged (exactly zero
     where a value lies outside ``bounds``, see ``gradient_bounds``); "blocked": none.
-    ``masks``: one per value, a tensor or (block formats) a tuple of plane masks."""
+    ``masks``: one per value, a tensor or (block formats) a tuple of plane masks.
+    ``checked``: ``fused_checked`` for the same tensors and ``bounds``, used instead of
+    ``fused``: its 0/1 masks make the zeroing one multiplication."""
     if gradient == "blocked":
         return [tf.stop_gradient(v) for v in fused(values, masks)]
     n = len(values)
     flat = tf.nest.flatten(masks)
+    if bounds is None:
+        checked = None
 
     @tf.custom_gradient
     def identity_grad(*args: tf.Tensor) -> Any:
-        out = fused(list(args[:n]), tf.nest.pack_sequence_as(masks, list(args[n:])))
+        pack = tf.nest.pack_sequence_as(masks, list(args[n:]))
+        if checked is not None:
+            out, keep = checked(list(args[:n]), pack)
+        else:
+            out, keep = fused(list(args[:n]), pack), [None] * n
 
         def grad(*dys: tf.Tensor) -> list[Any]:
             if bounds is not None:
                 zero_outside = _zero_outside(*bounds, USE_XLA)
-                dys = tuple(zero_outside(v, dy) for v, dy in zip(args[:n], dys, strict=True))
+                dys = tuple(zero_outside(v, dy) if k is None else tf.math.multiply_no_nan(dy, k)
+                            for v, dy, k in zip(args[:n], dys, keep, strict=True))
             return [*dys, *([None] * len(flat))]
 
         return out, grad
@@ -228,6 +268,7 @@ __all__ = [
     "fault_function",
     "faulty_elements",
     "fused",
+    "fused_checked",
     "fused_fault_function",
     "inject_tensor",
     "stored",
