@@ -26,6 +26,8 @@ from bitfault.keras.layers import (
     FaultyEinsumDense,
     FaultyEmbedding,
     FaultyLayer,
+    KeepStorable,
+    storable_range,
 )
 from bitfault.keras.recipes import (
     BoundedReLU,
@@ -53,6 +55,7 @@ __all__ = [
     "FaultyEinsumDense",
     "FaultyEmbedding",
     "FaultyLayer",
+    "KeepStorable",
     "KerasEvaluator",
     "ResampleFaults",
     "bound_relus",
@@ -73,5 +76,6 @@ __all__ = [
     "resample",
     "select_report",
     "select_tensors",
+    "storable_range",
     "stored_weights",
 ]
