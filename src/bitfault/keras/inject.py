@@ -126,6 +126,13 @@ def inject(model: keras.Model, spec: FaultSpec | dict[str, Any],
     compiled. Transient specs start at step 0; the new model's ``fit``/``evaluate``/
     ``predict`` add a ``ResampleFaults`` callback (unless given one), ``resample`` sets a step.
     ``left_out(new_model)`` lists every variable not faulted, and why.
+
+    The clean weights stay storable under your own training: for a format with a bounded
+    range (FixedPoint, Float; see ``storable_range``) every faulted trainable variable gets
+    a ``KeepStorable`` constraint (the kernel's own constraint first), which Keras
+    optimizers apply after each update, so ``model.fit``, ``train_on_batch`` and a
+    ``GradientTape`` loop calling ``optimizer.apply``/``apply_gradients`` keep every clean
+    value inside the range. The copied weights are projected by the first update.
     """
     spec = as_spec(spec)
     check_supported(spec.format, spec.fault)
