@@ -171,9 +171,9 @@ def smollm2(args: argparse.Namespace) -> list[dict]:
 
     from bitfault.campaign import rate_sweep, sampled_single_faults, trial_maps
     from bitfault.campaign.metrics import make_records
+    from bitfault.data.text import lee_corpus, token_windows
     from bitfault.faults import BitFlip
     from bitfault.maps import FaultMap
-    from bitfault.text import lee_corpus, token_windows
     from bitfault.torch import gguf_eval
     from bitfault.torch.gguf import load_gguf_model
     from bitfault.torch.hf import next_token_labels
@@ -244,8 +244,8 @@ def minilm(args: argparse.Namespace) -> list[dict]:
     from bitfault.campaign import rate_sweep, sampled_single_faults, trial_maps
     from bitfault.campaign.metrics import make_records
     from bitfault.campaign.similarity import SimilarityMetric
+    from bitfault.data.text import text_pairs
     from bitfault.maps import FaultMap
-    from bitfault.text import text_pairs
     from bitfault.torch import OutputEvaluator, outputs
     from bitfault.torch.hf import mean_pooled
     from bitfault.torch.seam import inject_tensor

@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     from transformers import AutoTokenizer
 
-    from bitfault.text import lee_corpus, token_windows
+    from bitfault.data.text import lee_corpus, token_windows
     from bitfault.torch.gguf import load_gguf_model
 
     torch.set_num_threads(min(2, os.cpu_count() or 1))

@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     from transformers import AutoTokenizer
 
-    from bitfault.text import lee_corpus, token_windows
+    from bitfault.data.text import lee_corpus, token_windows
     from bitfault.torch.gguf import load_gguf_model
     from bitfault.torch.gguf_eval import CLEAN, GGUFEvaluator
     from bitfault.torch.hf import next_token_labels

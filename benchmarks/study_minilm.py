@@ -198,7 +198,7 @@ def summarise(name: str, ber: float, records: list, clean: dict, float32: float,
     import numpy as np
 
     from bitfault.campaign.metrics import trial_outcome
-    from bitfault.stats import wilson_interval
+    from bitfault.campaign.stats import wilson_interval
 
     n = len(records)
     m = [r.metrics for r in records]
@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from bitfault.campaign import Trial, rate_sweep, run, trial_maps
     from bitfault.campaign.similarity import SimilarityMetric
-    from bitfault.text import text_pairs
+    from bitfault.data.text import text_pairs
     from bitfault.torch import OutputEvaluator
     from bitfault.torch.hf import mean_pooled
 

@@ -38,9 +38,9 @@ from study_formats import SETTINGS, data
 
 import bitfault as bf
 from bitfault.campaign import rate_sweep, run
+from bitfault.campaign.stats import wilson_interval
 from bitfault.errors import ArgumentError
 from bitfault.recipes import Recipe
-from bitfault.stats import wilson_interval
 from bitfault.torch import TorchEvaluator
 from bitfault.torch.train import fit
 

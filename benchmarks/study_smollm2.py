@@ -109,7 +109,7 @@ def singles(gm, windows, clean, n, seed):
     """Sampled single-bit faults: rows per fault and the summary."""
     import numpy as np
 
-    from bitfault.stats import wilson_interval
+    from bitfault.campaign.stats import wilson_interval
 
     planes = stored_bits(gm)
     sizes = np.array([e * b for _, _, e, b in planes], np.float64)
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     from transformers import AutoTokenizer
 
-    from bitfault.text import lee_corpus, token_windows
+    from bitfault.data.text import lee_corpus, token_windows
     from bitfault.torch.gguf import load_gguf_model
 
     torch.set_num_threads(args.threads)

@@ -20,7 +20,7 @@ import bitfault as bf
 from bitfault.campaign import rate_sweep, run
 from bitfault.campaign.metrics import OutputMetric, make_records
 from bitfault.campaign.similarity import SimilarityMetric, pair_cosines, spearman
-from bitfault.text import text_pairs
+from bitfault.data.text import text_pairs
 from bitfault.torch import OutputEvaluator, inject_
 from bitfault.torch.hf import lee_corpus, mean_pooled
 

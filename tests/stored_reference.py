@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bitfault.maps.patterns import Asymmetric, IndependentBits, MultiBitUpset
+from bitfault.faults.patterns import Asymmetric, IndependentBits, MultiBitUpset
 from ecc_reference import DUE, ref_check, ref_check_bits, ref_scheme
 
 

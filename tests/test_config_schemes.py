@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from bitfault.config import ConfigError, load_config
-from bitfault.storage import Storage
+from bitfault.memory.storage import Storage
 
 SCHEMES = [{"name": "none"}, {"name": "parity", "protection": "parity"},
            {"name": "secded", "protection": "secded", "word_bits": 64}]

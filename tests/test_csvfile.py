@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from bitfault.campaign import CampaignStore
-from bitfault.csvfile import safe_cell
+from bitfault.files.csvfile import safe_cell
 from bitfault.report.html import write_rows
 
 

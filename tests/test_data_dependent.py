@@ -16,12 +16,12 @@ from bitfault.campaign import rate_sweep, run
 from bitfault.campaign.evaluator import NumpyEvaluator, predicted_labels
 from bitfault.campaign.runner import trial_maps
 from bitfault.errors import ArgumentError
-from bitfault.layout import WordLayout
-from bitfault.maps.patterns import Asymmetric, IndependentBits, MultiBitUpset
-from bitfault.protection import NoProtection, Parity, SecDed
+from bitfault.faults.patterns import Asymmetric, IndependentBits, MultiBitUpset
+from bitfault.memory.codes import NoProtection, Parity, SecDed
+from bitfault.memory.layout import WordLayout
+from bitfault.memory.plane_maps import TensorWords
+from bitfault.memory.storage import Storage
 from bitfault.recipes import Recipe
-from bitfault.storage import Storage
-from bitfault.stored_faults import TensorWords
 from stored_reference import reference_values
 
 MEMORIES = {

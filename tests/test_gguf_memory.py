@@ -12,8 +12,8 @@ gguf = pytest.importorskip("gguf")
 
 import bitfault as bf  # noqa: E402
 from bitfault.errors import ArgumentError  # noqa: E402
+from bitfault.files.gguf_memory import GGUFMemory  # noqa: E402
 from bitfault.formats import GGUF, Float  # noqa: E402
-from bitfault.gguf_memory import GGUFMemory  # noqa: E402
 from gguf_helpers import (  # noqa: E402
     bit_positions,
     dequantize_raw,

@@ -152,7 +152,8 @@ torch.nn.functional.relu(x)
 x._private
 """
     assert violations(same_package, "bitfault.torch.seam") == []
-    assert violations("from bitfault.faults import _FaultBase\n", "bitfault.spec") == []
+    assert violations("from bitfault.errors import _check\n", "bitfault.spec") == []
+    assert violations("from bitfault.faults import _FaultBase\n", "bitfault.spec")
     assert violations("from bitfault.faults import _FaultBase\n", "bitfault.maps.faultmap")
     assert violations("from ..faults import _FaultBase\n", "bitfault.maps.faultmap")
     assert violations("from .sampling import _hits\n", "bitfault.maps", is_package=True) == []

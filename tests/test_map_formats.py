@@ -74,7 +74,7 @@ def test_block_format_maps_relabel_every_plane() -> None:
 def test_maps_bitfault_draws_record_their_format() -> None:
     from bitfault.campaign import rate_sweep, single_faults
     from bitfault.campaign.runner import trial_maps
-    from bitfault.storage import Storage
+    from bitfault.memory.storage import Storage
 
     shapes = {"w": (4, 8)}
     for storage in (None, Storage.from_dict({"word_bits": 64, "protection": "secded"})):

@@ -10,8 +10,7 @@ import pytest
 
 import bitfault as bf
 from bitfault.errors import ArgumentError
-from bitfault.layout import WordLayout
-from bitfault.maps.patterns import (
+from bitfault.faults.patterns import (
     Asymmetric,
     ColumnFaults,
     IndependentBits,
@@ -22,6 +21,7 @@ from bitfault.maps.patterns import (
     poisson_cells,
 )
 from bitfault.maps.sampling import cell_stream
+from bitfault.memory.layout import WordLayout
 from ecc_reference import from_array, to_array
 
 

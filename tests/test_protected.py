@@ -7,8 +7,7 @@ import pytest
 
 import bitfault as bf
 from bitfault.errors import ArgumentError, ArgumentTypeError
-from bitfault.layout import WordLayout
-from bitfault.maps.patterns import (
+from bitfault.faults.patterns import (
     Asymmetric,
     ColumnFaults,
     IndependentBits,
@@ -16,8 +15,9 @@ from bitfault.maps.patterns import (
     RowFaults,
     WordFaults,
 )
-from bitfault.protected import decode_faults, draw_decoded_map, stored_words
-from bitfault.protection import NoProtection, Parity, SecDed
+from bitfault.memory.codes import NoProtection, Parity, SecDed
+from bitfault.memory.decode import decode_faults, draw_decoded_map, stored_words
+from bitfault.memory.layout import WordLayout
 from ecc_reference import (
     CORRECTED,
     DUE,

@@ -13,11 +13,11 @@ import pytest
 
 import bitfault as bf
 from bitfault.errors import ArgumentError, ArgumentTypeError
-from bitfault.layout import WordLayout
-from bitfault.maps.patterns import IndependentBits, MultiBitUpset
-from bitfault.protected import pattern_at
-from bitfault.protection import NoProtection, Parity, SecDed
-from bitfault.storage import Storage
+from bitfault.faults.patterns import IndependentBits, MultiBitUpset
+from bitfault.memory.codes import NoProtection, Parity, SecDed
+from bitfault.memory.decode import pattern_at
+from bitfault.memory.layout import WordLayout
+from bitfault.memory.storage import Storage
 from ecc_reference import CORRECTED, DUE, ref_check, ref_check_bits, ref_scheme
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from bitfault.errors import ArgumentError, ArgumentTypeError
-from bitfault.protection import (
+from bitfault.memory.codes import (
     CORRECTED,
     DUE,
     OK,

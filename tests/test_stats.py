@@ -1,4 +1,4 @@
-"""bitfault.stats against published values and by simulation with fixed seeds."""
+"""bitfault.campaign.stats against published values and by simulation with fixed seeds."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from bitfault.stats import (
+from bitfault.campaign.stats import (
     bounded_mean_interval,
     fault_injection_sample_size,
     format_rate,

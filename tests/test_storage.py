@@ -14,10 +14,11 @@ import bitfault as bf
 from bitfault.campaign import rate_sweep, run
 from bitfault.campaign.evaluator import NumpyEvaluator
 from bitfault.errors import ArgumentError
-from bitfault.layout import WordLayout
-from bitfault.maps.patterns import IndependentBits, MultiBitUpset
-from bitfault.protection import Parity, SecDed
-from bitfault.storage import Storage
+from bitfault.faults.patterns import IndependentBits, MultiBitUpset
+from bitfault.memory.codes import NoProtection, Parity, SecDed
+from bitfault.memory.decode import pattern_at
+from bitfault.memory.layout import WordLayout
+from bitfault.memory.storage import Storage
 from ecc_reference import ref_check, ref_check_bits, ref_scheme
 
 
@@ -43,7 +44,7 @@ def _reference_map(clean: np.ndarray, bits: int, word_bits: int, kind: str, faul
     return masks, {"due": due, "silent": silent}
 
 
-@pytest.mark.parametrize("kind, scheme", [("none", bf.storage.NoProtection()),
+@pytest.mark.parametrize("kind, scheme", [("none", NoProtection()),
                                           ("parity", Parity()), ("secded", SecDed())])
 @pytest.mark.parametrize("pattern", [IndependentBits(0.0), MultiBitUpset(0.0, {1: 0.5, 2: 0.3,
                                                                               3: 0.2})],
@@ -56,7 +57,7 @@ def test_decoded_maps_equal_the_reference_decoder(kind, scheme, pattern):
     rate = 0.03 if isinstance(pattern, IndependentBits) else 0.3
     fmap = memory.random_map(x.shape, ber=rate, seed=5, name="w")
     n_words = -(-x.size // 4)
-    faults = bf.protected.pattern_at(pattern, rate).draw(
+    faults = pattern_at(pattern, rate).draw(
         n_words, 32, ref_check_bits(kind, 32), seed=5, name="w")
     assert len(faults) > 3
     words = fmt.encode(x)

@@ -1,4 +1,4 @@
-"""bitfault.text: text files and gensim's Lee corpus into fixed-length token windows."""
+"""bitfault.data.text: text files and gensim's Lee corpus into fixed-length token windows."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bitfault.data.text import lee_corpus, lee_corpus_path, read_text, token_windows
 from bitfault.errors import ArgumentError, ArgumentTypeError
-from bitfault.text import lee_corpus, lee_corpus_path, read_text, token_windows
 
 
 class WordTokenizer:

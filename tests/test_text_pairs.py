@@ -1,4 +1,4 @@
-"""bitfault.text pairs: gensim's Lee document ratings, wordsim353 and SimLex-999, and a
+"""bitfault.data.text pairs: gensim's Lee document ratings, wordsim353 and SimLex-999, and a
 user's tab-separated file, checked against plain readings of the same files."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bitfault.data.text import PAIR_SETS, TextPairs, lee_corpus, read_pairs, text_pairs
 from bitfault.errors import ArgumentError, ArgumentTypeError
-from bitfault.text import PAIR_SETS, TextPairs, lee_corpus, read_pairs, text_pairs
 
 needs_gensim = pytest.mark.skipif(importlib.util.find_spec("gensim") is None,
                                   reason="gensim not installed (its test data)")

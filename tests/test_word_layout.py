@@ -7,7 +7,7 @@ import pytest
 
 import bitfault as bf
 from bitfault.errors import ArgumentError, ArgumentTypeError
-from bitfault.layout import WordLayout
+from bitfault.memory.layout import WordLayout
 from ecc_reference import from_array, to_array
 
 

@@ -8,11 +8,11 @@ from typing import Any
 
 import numpy as np
 
-from bitfault.faults import FaultModel, check_fault_model
+from bitfault.faults.models import FaultModel, check_fault_model
 from bitfault.formats import BlockFormat, Format, QuantParams, check_float_input
 from bitfault.formats.blocks import CODES
 from bitfault.maps import FaultMap, popcount
-from bitfault.memory import (
+from bitfault.memory.memory import (
     check_format,
     check_map_fits,
     eligible_faults,

@@ -40,7 +40,7 @@ from bitfault.errors import (
     check_positive,
     check_seed,
 )
-from bitfault.faults import BitFlip, FaultModel, fault_from_dict
+from bitfault.faults.models import BitFlip, FaultModel, fault_from_dict
 from bitfault.formats import Format, IntQuant, format_from_dict
 from bitfault.spec import FaultSpec
 

@@ -29,11 +29,11 @@ from typing import Any, Literal
 import numpy as np
 
 from bitfault.errors import ArgumentError, ArgumentTypeError, check_choice, check_rate, check_seed
-from bitfault.faults import BitFlip, FaultModel
+from bitfault.faults.models import BitFlip, FaultModel
 from bitfault.formats import FixedPoint, Format, is_block_format, plane_formats, plane_map_name
 from bitfault.formats.blocks import CODES
 from bitfault.maps import FaultMap
-from bitfault.memory import Memory, check_map_fits
+from bitfault.memory.memory import Memory, check_map_fits
 from bitfault.targets import Targets
 
 TARGETS = ("weights", "biases", "activations", "buffers")

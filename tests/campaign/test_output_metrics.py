@@ -16,7 +16,7 @@ from bitfault.campaign.metrics import (
     outcome_summary,
     trial_outcome,
 )
-from bitfault.stats import wilson_interval
+from bitfault.campaign.stats import wilson_interval
 
 
 def test_perplexity_of_a_uniform_and_a_known_distribution():

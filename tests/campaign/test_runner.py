@@ -25,8 +25,8 @@ from bitfault.campaign import (
     single_faults,
 )
 from bitfault.campaign.runner import CampaignResult
+from bitfault.campaign.stats import SUMMARY_COLUMNS, summary_rows
 from bitfault.campaign.store import TrialRecord
-from bitfault.stats import SUMMARY_COLUMNS, summary_rows
 
 MEMORY = bf.Memory(bf.IntQuant(8), bf.BitFlip())
 HERE = Path(__file__).parent

@@ -15,7 +15,7 @@ from bitfault.campaign import (
     run,
     sampled_single_faults,
 )
-from bitfault.stats import fault_injection_sample_size, wilson_interval
+from bitfault.campaign.stats import fault_injection_sample_size, wilson_interval
 
 MEMORY = bf.Memory(bf.IntQuant(8), bf.BitFlip())
 SHAPES = {"fc1.weight": (4, 5), "fc2.weight": (3,)}

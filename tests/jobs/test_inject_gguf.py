@@ -13,8 +13,8 @@ gguf = pytest.importorskip("gguf")
 
 import bitfault as bf  # noqa: E402
 from bitfault.cli import main  # noqa: E402
+from bitfault.files.gguf_memory import GGUFMemory  # noqa: E402
 from bitfault.formats import GGUF  # noqa: E402
-from bitfault.gguf_memory import GGUFMemory  # noqa: E402
 from gguf_helpers import flip_bytes, write_tiny_llama  # noqa: E402
 
 

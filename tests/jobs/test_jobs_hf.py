@@ -110,7 +110,7 @@ def _perplexity(logits, ids) -> float:
 def _windows(assets, context: int, windows: int):
     from transformers import AutoTokenizer
 
-    from bitfault.text import token_windows
+    from bitfault.data.text import token_windows
 
     tok = AutoTokenizer.from_pretrained(assets["tok"])
     return torch.from_numpy(token_windows(assets["text"].read_text(), tok, context, windows))

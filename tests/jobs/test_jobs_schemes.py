@@ -19,6 +19,7 @@ pytest.importorskip("matplotlib")
 yaml = pytest.importorskip("yaml")
 
 import bitfault as bf  # noqa: E402
+from bitfault.campaign.stats import format_rate  # noqa: E402
 from bitfault.cli import main  # noqa: E402
 from bitfault.config import ConfigError, load_config  # noqa: E402
 from bitfault.jobs import run_campaign  # noqa: E402
@@ -164,7 +165,7 @@ def test_memories_compared_in_one_campaign(tiny_run: Path, tmp_path: Path,
     for r, s in zip(table, compared["schemes"], strict=True):
         up = s["within_tolerance_up_to"]
         assert r["within 0.5 pt up to"].split(" ")[0] == ("none" if up is None else
-                                                            bf.stats.format_rate(up))
+                                                            format_rate(up))
 
     again = cli(capsys, "campaign", str(path), "--output", str(tiny_run))  # resume: nothing redone
     assert all((m["ran"], m["skipped"]) == (0, 4) for m in again["models"].values())

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from bitfault.campaign.stats import summary_rows
 from bitfault.jobs.pretrained_summary import format_metric_table
-from bitfault.stats import summary_rows
 
 
 def test_every_cell_stays_apart_however_wide_its_value() -> None:

@@ -10,8 +10,8 @@ import pytest
 import bitfault as bf
 from bitfault.campaign import rate_sweep, trial_maps
 from bitfault.campaign.runner import evaluate_trials
-from bitfault.storage import Storage
-from bitfault.stored_faults import TensorWords
+from bitfault.memory.plane_maps import TensorWords
+from bitfault.memory.storage import Storage
 
 keras = pytest.importorskip("keras")
 bk = pytest.importorskip("bitfault.keras")

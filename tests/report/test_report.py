@@ -14,8 +14,8 @@ import pytest
 
 import bitfault as bf
 from bitfault.campaign import NumpyEvaluator, bit_sweep, layer_sweep, rate_sweep, run
+from bitfault.campaign.stats import summary_rows
 from bitfault.data import split_embedded_mnist
-from bitfault.stats import summary_rows
 
 pytest.importorskip("matplotlib")
 from bitfault.report import build_report, model_rate_table, rate_table_caption

@@ -13,11 +13,11 @@ import bitfault as bf  # noqa: E402
 from bitfault.campaign import rate_sweep, run  # noqa: E402
 from bitfault.campaign.runner import evaluate_trials  # noqa: E402
 from bitfault.errors import ArgumentError  # noqa: E402
+from bitfault.faults.patterns import Asymmetric, IndependentBits  # noqa: E402
 from bitfault.jobs.inject import inject_file  # noqa: E402
-from bitfault.layout import WordLayout  # noqa: E402
-from bitfault.maps.patterns import Asymmetric, IndependentBits  # noqa: E402
-from bitfault.protection import SecDed  # noqa: E402
-from bitfault.storage import Storage  # noqa: E402
+from bitfault.memory.codes import SecDed  # noqa: E402
+from bitfault.memory.layout import WordLayout  # noqa: E402
+from bitfault.memory.storage import Storage  # noqa: E402
 from bitfault.torch import TorchEvaluator, inject_  # noqa: E402
 from stored_reference import reference_values  # noqa: E402
 

@@ -18,7 +18,7 @@ import numpy as np
 from bitfault.formats import FixedPoint, Float
 from bitfault.inject import inject
 from bitfault.maps import FaultMap
-from bitfault.memory import Memory
+from bitfault.memory.memory import Memory
 
 Maps = dict[str, FaultMap]
 MemoryKey = tuple[str, str]

@@ -22,10 +22,10 @@ from typing import Any, Literal
 
 import numpy as np
 
+from bitfault.campaign.stats import fault_injection_sample_size
 from bitfault.errors import check_int, check_rate, check_seed
-from bitfault.faults import BitSelection, resolve_bits
+from bitfault.faults.models import BitSelection, resolve_bits
 from bitfault.formats import Format, is_format
-from bitfault.stats import fault_injection_sample_size
 
 TrialKind = Literal["rate", "layer", "bit", "single"]
 KINDS = ("rate", "layer", "bit", "single")

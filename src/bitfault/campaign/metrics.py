@@ -10,8 +10,8 @@ import numpy as np
 
 from bitfault.campaign import logits
 from bitfault.campaign.logits import CleanRows, logit_rows
+from bitfault.campaign.stats import robust_error, wilson_interval
 from bitfault.errors import ArgumentError, check_choice
-from bitfault.stats import robust_error, wilson_interval
 
 Metric = Callable[[np.ndarray, np.ndarray, np.ndarray], Mapping[str, float]]
 
@@ -95,7 +95,7 @@ class OutputMetric:
             raise ArgumentError("metric", "similarity", "a SimilarityMetric with the pairs",
                                 requirement="metric 'similarity' needs the pairs and their "
                                             "human scores: bitfault.campaign.similarity."
-                                            "SimilarityMetric.of(bitfault.text.text_pairs(...))")
+                                            "SimilarityMetric.of(bitfault.data.text.text_pairs(...))")
 
     @property
     def __name__(self) -> str:  # call_metric names the metric in its errors

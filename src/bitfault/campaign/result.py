@@ -9,8 +9,8 @@ from typing import Any
 
 from bitfault.campaign.evaluator import Maps
 from bitfault.campaign.metrics import BENIGN_COSINE, outcome_summary
+from bitfault.campaign.stats import SUMMARY_COLUMNS, summary_rows
 from bitfault.campaign.store import TrialRecord
-from bitfault.stats import SUMMARY_COLUMNS, summary_rows
 
 
 @dataclass

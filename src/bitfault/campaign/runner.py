@@ -37,10 +37,10 @@ from bitfault.campaign.result import CampaignResult, memory_outcomes
 from bitfault.campaign.stopping import StopWhenPrecise
 from bitfault.campaign.store import CampaignStore
 from bitfault.errors import ArgumentError, ArgumentTypeError
-from bitfault.faults import resolve_plane_bits
+from bitfault.faults.models import resolve_plane_bits
 from bitfault.maps import FaultMap
-from bitfault.memory import Memory
-from bitfault.stored_faults import TensorWords
+from bitfault.memory.memory import Memory
+from bitfault.memory.plane_maps import TensorWords
 
 
 def _check_target(trial: Trial, shapes: Mapping[str, tuple[int, ...]]) -> None:

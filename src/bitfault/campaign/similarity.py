@@ -3,7 +3,7 @@ faulty embeddings ranks the pairs as people rated them (Spearman's rank correlat
 averaged), beside how close each faulty embedding stays to its clean one.
 
     from bitfault.campaign.similarity import SimilarityMetric
-    from bitfault.text import text_pairs
+    from bitfault.data.text import text_pairs
     pairs = text_pairs("lee")                           # 50 documents, 1225 rated pairs
     metric = SimilarityMetric.of(pairs)                 # an OutputMetric
     ev = OutputEvaluator(model, tokenised(pairs.texts), metric, output_fn=mean_pooled)
@@ -116,7 +116,7 @@ class SimilarityMetric(OutputMetric):
 
     @classmethod
     def of(cls, text_pairs: Any, benign_cosine: float = BENIGN_COSINE) -> SimilarityMetric:
-        """The metric of a ``bitfault.text.TextPairs`` (its pairs and scores)."""
+        """The metric of a ``bitfault.data.text.TextPairs`` (its pairs and scores)."""
         return cls(pairs=text_pairs.pairs, scores=text_pairs.scores,
                    benign_cosine=benign_cosine)
 

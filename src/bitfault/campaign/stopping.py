@@ -16,8 +16,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from bitfault.campaign.stats import wilson_interval
 from bitfault.errors import check_int
-from bitfault.stats import wilson_interval
 
 Failure = Callable[[Mapping[str, float], Mapping[str, float]], bool]
 

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from bitfault.csvfile import write_csv
+from bitfault.files.csvfile import write_csv
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS campaign (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -245,7 +245,7 @@ class CampaignStore:
 
     def to_csv(self, path: str | os.PathLike[str]) -> None:
         """One row per trial (``TrialRecord.flat``); names a spreadsheet would take for a
-        formula are quoted (``bitfault.csvfile``)."""
+        formula are quoted (``bitfault.files.csvfile``)."""
         rows = [r.flat() for r in self.records()]
         write_csv(path, rows, _fieldnames(rows))
 

@@ -47,7 +47,7 @@ def storage_section(value: Any) -> dict[str, Any] | tuple[dict[str, Any], ...] |
 
 
 def _storage_dict(key: str, value: Mapping[str, Any]) -> dict[str, Any]:
-    from bitfault.storage import Storage
+    from bitfault.memory.storage import Storage
 
     return built(key, value, lambda: Storage.from_dict(value)).to_dict()
 

@@ -25,9 +25,9 @@ from bitfault.config.schema import (
     TrainConfig,
     memory_value,
 )
+from bitfault.data.text import PAIR_SETS
 from bitfault.errors import ArgumentError, check_int
 from bitfault.recipes import Recipe
-from bitfault.text import PAIR_SETS
 
 LEE = "lee"  # data.path naming gensim's Lee corpus
 DEFAULT_CONTEXT = 128
@@ -142,7 +142,7 @@ def text_data(d: Mapping[str, Any]) -> DataConfig:
 
 def pairs_data(d: Mapping[str, Any]) -> DataConfig:
     """``data: {source: pairs, name: lee | wordsim353 | simlex999 | path: FILE, context,
-    tokenizer}``: texts with human similarity scores (``bitfault.text.text_pairs``)."""
+    tokenizer}``: texts with human similarity scores (``bitfault.data.text.text_pairs``)."""
     for k in ("train_limit", "test_limit", "windows"):
         if d.get(k) is not None:
             raise ConfigError(f"data.{k}", d[k], "null for data.source 'pairs' (every pair "

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from bitfault.faults import BitFlip, FaultModel
+from bitfault.faults.models import BitFlip, FaultModel
 from bitfault.recipes import Recipe
 from bitfault.targets import Targets
 
@@ -152,7 +152,7 @@ class CampaignConfig:
     the share of faults that turn a correct prediction wrong is known to within that
     margin at ``single_fault_confidence``. ``plane_rates``: for block formats, each plane's
     rate relative to the trial's (``bitfault.Memory.plane_rates``). ``memory``: how the
-    weights sit in physical memory (``bitfault.storage.Storage.from_dict``: word_bits,
+    weights sit in physical memory (``bitfault.memory.storage.Storage.from_dict``: word_bits,
     row_words, protection, pattern); trials then record the decoder's outcomes. A list of
     named memories (``{name, **storage}`` each) compares them in one campaign: every
     scheme its own store, the same chips."""

@@ -45,7 +45,7 @@ from bitfault.config.schema import (
     TrainConfig,
 )
 from bitfault.errors import ArgumentError, ArgumentTypeError, check_choice, check_int, check_rate
-from bitfault.faults import fault_from_dict
+from bitfault.faults.models import fault_from_dict
 from bitfault.formats import format_from_dict
 from bitfault.recipes import OPTIMIZERS, RandBET, Recipe
 from bitfault.spec import SPEC_KEYS, FaultSpec

@@ -50,7 +50,7 @@ from bitfault.jobs.summary import (
     single_fault_trials,
     stored_columns,
 )
-from bitfault.memory import Memory
+from bitfault.memory.memory import Memory
 from bitfault.recipes import Recipe
 from bitfault.targets import Targets
 

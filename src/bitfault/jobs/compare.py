@@ -20,7 +20,7 @@ from typing import Any
 
 from bitfault.formats import plane_formats
 from bitfault.formats.blocks import CODES
-from bitfault.memory import Memory
+from bitfault.memory.memory import Memory
 
 TOLERANCE = 0.005  # 0.5 accuracy points
 RAW_BER = ("raw bit error rate: the raw bit errors a trial's pattern injected (data and "

@@ -10,7 +10,7 @@ tensor); a tied tensor is faulted once. Keras: a ``.keras`` file; the kernels, b
 and statistics of every layer kind bitfault.keras faults (``bitfault.keras.select_report``;
 what it leaves out is listed with the reason), named and mapped in PyTorch layout as
 everywhere in bitfault. GGUF: a ``.gguf`` file, each
-tensor faulted in the layout the file stores (``bitfault.gguf_memory``: Q8_0/Q4_0/Q4_1
+tensor faulted in the layout the file stores (``bitfault.files.gguf_memory``: Q8_0/Q4_0/Q4_1
 codes, scales and minimums, F32/F16/BF16 words; maps named by the GGUF tensor name,
 ``"<name>:scale"`` for a plane), the spec's format unused; the copy differs from the
 input exactly at the faulted bits. An existing output is replaced only with
@@ -32,7 +32,7 @@ import numpy as np
 
 from bitfault.config import read_config_file
 from bitfault.errors import ArgumentError
-from bitfault.faults import BitFlip, FaultModel, fault_from_dict
+from bitfault.faults.models import BitFlip, FaultModel, fault_from_dict
 from bitfault.formats import format_from_dict
 from bitfault.inject import inject_with_stats
 from bitfault.maps import FaultMap
@@ -173,7 +173,7 @@ def inject_file(model_file: str | os.PathLike[str], output: str | os.PathLike[st
 
 def _inject_gguf(model_file: Any, output: Any, spec: FaultSpec | None,
                  maps: dict[str, FaultMap] | None, overwrite: bool) -> dict[str, Any]:
-    from bitfault.gguf_memory import GGUFMemory
+    from bitfault.files.gguf_memory import GGUFMemory
 
     check_output(model_file, output, overwrite)
     memory = GGUFMemory.open(model_file)

@@ -12,7 +12,7 @@ import zipfile
 from typing import Any
 
 from bitfault.errors import ArgumentError
-from bitfault.faults import BitFlip
+from bitfault.faults.models import BitFlip
 from bitfault.maps import FaultMap
 from bitfault.maps.files import read_map_file
 

@@ -25,7 +25,7 @@ from typing import Any
 from bitfault.config import ConfigError, RunConfig, targets_value
 from bitfault.config.pretrained import CAUSAL_METRICS, LEE, with_local_paths
 from bitfault.errors import ArgumentError
-from bitfault.memory import Memory
+from bitfault.memory.memory import Memory
 from bitfault.recipes import Recipe
 
 # config metric -> (OutputMetric kind, the value its curves headline, other curves)
@@ -79,7 +79,7 @@ def check_paths(config: RunConfig) -> None:
 
 def read_corpus(config: RunConfig) -> str:
     """The text of ``data.path`` (a file, or gensim's Lee corpus)."""
-    from bitfault.text import lee_corpus, read_text
+    from bitfault.data.text import lee_corpus, read_text
 
     try:
         return lee_corpus() if config.data.path == LEE else read_text(config.data.path)
@@ -90,8 +90,8 @@ def read_corpus(config: RunConfig) -> str:
 
 
 def load_pairs(config: RunConfig) -> Any:
-    """The ``bitfault.text.TextPairs`` of ``data.name`` or ``data.path`` (source pairs)."""
-    from bitfault.text import text_pairs
+    """The ``bitfault.data.text.TextPairs`` of ``data.name`` or ``data.path`` (source pairs)."""
+    from bitfault.data.text import text_pairs
 
     d = config.data
     key, value = ("data.name", d.name) if d.name is not None else ("data.path", d.path)
@@ -136,7 +136,7 @@ def make_inputs(config: RunConfig, tokenizer: Any, pairs: Any = None) -> tuple[A
     of ``pairs`` (default: ``load_pairs(config)``), padded."""
     import torch
 
-    from bitfault.text import token_windows
+    from bitfault.data.text import token_windows
     from bitfault.torch.hf import next_token_labels
 
     if config.metric == "similarity":

@@ -44,10 +44,10 @@ def make_pretrained_report(rd: RunDir, config: RunConfig, reporter: Reporter
                            ) -> dict[str, str]:
     """Write ``RUN_DIR/report/`` (call it holding the run directory's lock)."""
     from bitfault.campaign.metrics import BENIGN_COSINE
+    from bitfault.campaign.stats import headline_stat
     from bitfault.report import model_rate_table, plot_heatmap, plot_rate_sweep, rate_table_caption
     from bitfault.report.html import write_html, write_rows
     from bitfault.report.labels import fault_phrase, file_stems, rate_name
-    from bitfault.stats import headline_stat
 
     if not rd.summary_path.is_file():
         raise FileNotFoundError(f"{rd.summary_path}: missing; run `bitfault campaign "

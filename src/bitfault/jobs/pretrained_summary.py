@@ -14,11 +14,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from bitfault.campaign.stats import summary_rows
 from bitfault.config import CampaignConfig
 from bitfault.formats import GGUF
 from bitfault.jobs.summary import build_trials, read_records
-from bitfault.memory import Memory
-from bitfault.stats import summary_rows
+from bitfault.memory.memory import Memory
 
 GGUF_FILE = "gguf file"  # an entry's "format" for a GGUF file's own storage
 
@@ -82,7 +82,7 @@ def format_metric_table(summary: dict[str, Any]) -> str:
     chips where it is finite (``(k inf)`` counts the others): the median [25th, 75th
     percentile] of a heavy-tailed value (perplexity, KL: ``stats.headline_stat``), where
     one chip's 1e7 would make the mean meaningless, else the mean."""
-    from bitfault.stats import format_rates, headline_stat
+    from bitfault.campaign.stats import format_rates, headline_stat
 
     models = summary["models"]
     value = summary.get("value", "value")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from bitfault.campaign.stats import format_rates
 from bitfault.config import CampaignConfig, RunConfig, config_from_dict
 from bitfault.formats import format_from_dict
 from bitfault.jobs.compare import compare_schemes, scheme_key, scheme_store
@@ -22,7 +23,6 @@ from bitfault.jobs.summary import incomplete, refresh
 from bitfault.recipes import Recipe
 from bitfault.report.labels import rate_name
 from bitfault.report.schemes import protection_text
-from bitfault.stats import format_rates
 
 _CLASSES = 10  # every data source a run reads is a 10-class set (the loaders check 0..9)
 

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from bitfault.config import CampaignConfig
-from bitfault.faults import bit_names
-from bitfault.memory import Memory
+from bitfault.faults.models import bit_names
+from bitfault.memory.memory import Memory
 
 
 def build_trials(c: CampaignConfig, memory: Memory, shapes: dict[str, Any]) -> list[Any]:

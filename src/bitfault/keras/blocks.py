@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import tensorflow as tf
 
-from bitfault.faults import FaultModel
+from bitfault.faults.models import FaultModel
 from bitfault.formats import BlockFormat, Float
 from bitfault.formats.gguf import GGUF
 from bitfault.formats.groupwise import EPS, GroupwiseInt

@@ -33,7 +33,7 @@ from bitfault.keras.layouts import Slot
 from bitfault.keras.seam import faulty_elements, stored
 from bitfault.keras.targets import select_report, select_tensors, walk_layers
 from bitfault.maps import FaultMap
-from bitfault.memory import Memory, StoredArray
+from bitfault.memory.memory import Memory, StoredArray
 
 
 class KerasEvaluator:

@@ -23,7 +23,7 @@ import numpy as np
 from bitfault.formats import BlockFormat, Format, IntQuant
 from bitfault.keras.kinds import CHANNELS_LAST, NO_ACTIVATIONS, SUPPORTED_NAMES, plan_layer, planner
 from bitfault.maps import FaultMap
-from bitfault.memory import Memory
+from bitfault.memory.memory import Memory
 from bitfault.spec import FaultSpec
 
 #: The kinds whose kernels the recipes (``stored_weights``, clipping, ``fit``) store.
@@ -219,7 +219,7 @@ def plan_slots(layer: Any, prefix: str, kinds: Collection[str], fmt: Format | No
 
 def draw_maps(slots: list[Slot], spec: FaultSpec, step: int | None) -> dict[str, FaultMap]:
     """The map of every slot at ``step``, validated against its PyTorch-layout shape."""
-    from bitfault.memory import check_map_fits
+    from bitfault.memory.memory import check_map_fits
 
     maps = {}
     for slot in slots:

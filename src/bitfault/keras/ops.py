@@ -17,7 +17,7 @@ from collections.abc import Callable
 import numpy as np
 import tensorflow as tf
 
-from bitfault.faults import BitFlip, FaultModel
+from bitfault.faults.models import BitFlip, FaultModel
 from bitfault.formats import FixedPoint, Float, IntQuant
 
 FaultFn = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]

@@ -25,12 +25,12 @@ import numpy as np
 import tensorflow as tf
 
 from bitfault.errors import check_positive
-from bitfault.faults import BitFlip, FaultModel
+from bitfault.faults.models import BitFlip, FaultModel
 from bitfault.formats import Format, gradient_bounds
 from bitfault.keras.layouts import SUPPORTED_LAYERS, Slot, dense_masks, plan_slots
 from bitfault.keras.seam import channel_axis, check_supported, fused, straight_through
 from bitfault.maps import FaultMap
-from bitfault.memory import Memory
+from bitfault.memory.memory import Memory
 from bitfault.recipes import thresholds_from_activations
 
 _STORED = ("kernel", "embeddings")
@@ -115,7 +115,7 @@ class _Stored:
 
     def masks(self, maps: Mapping[str, FaultMap] | None) -> list[Any]:
         """Dense masks (Keras layout) of ``maps`` by tensor name (PyTorch layout)."""
-        from bitfault.memory import check_map_fits
+        from bitfault.memory.memory import check_map_fits
 
         maps = dict(maps or {})
         unknown = sorted(set(maps) - {s.name for s in self.slots})

@@ -22,7 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from bitfault.errors import ArgumentTypeError
-from bitfault.faults import BitFlip, FaultModel, StuckAt
+from bitfault.faults.models import BitFlip, FaultModel, StuckAt
 from bitfault.formats import BlockFormat, FixedPoint, Float, Format, IntQuant
 from bitfault.keras.blocks import block_fault, has_kernel
 from bitfault.keras.blocks import small_float_fault as small_float_lookup
@@ -35,7 +35,7 @@ from bitfault.keras.ops import (
     small_float_fault,
 )
 from bitfault.maps import FaultMap
-from bitfault.memory import StoredArray, check_map_fits
+from bitfault.memory.memory import StoredArray, check_map_fits
 
 #: Set ``BITFAULT_KERAS_XLA=0`` to run the transform as plain TensorFlow ops (slower).
 USE_XLA = os.environ.get("BITFAULT_KERAS_XLA", "1") != "0"

@@ -23,7 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from bitfault.errors import check_int
-from bitfault.faults import BitFlip
+from bitfault.faults.models import BitFlip
 from bitfault.formats import Format
 from bitfault.keras.inject import faulty_layers, inject, resample
 from bitfault.keras.layers import _substituted, storable_range

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from bitfault.errors import ArgumentError, check_rate, check_seed
-from bitfault.faults import BitSelection, resolve_bits
+from bitfault.faults.models import BitSelection, resolve_bits
 from bitfault.formats import (
     Format,
     format_from_dict,

@@ -85,7 +85,7 @@ def rate_faults(n: int, width: int, rates: dict[int, float], seed: int, name: st
     """
     uniform = set(rates.values())
     if n and len(uniform) == 1 and 0.0 < (p := uniform.pop()) < 1.0:  # most maps: one rate
-        cells, _ = _hits(n * width, cell_stream(seed, name, step), _horizon(p, n * width))
+        cells, _ = poisson_hits(n * width, cell_stream(seed, name, step), _horizon(p, n * width))
         if len(rates) < width:  # keep the hits on the chosen positions
             chosen = np.zeros(width, dtype=bool)
             chosen[list(rates)] = True
@@ -102,7 +102,8 @@ def rate_faults(n: int, width: int, rates: dict[int, float], seed: int, name: st
     if drawn.size:
         end = float(drawn.max())
         uneven = bool((drawn < end).any())
-        cells, times = _hits(n * width, cell_stream(seed, name, step), end, with_times=uneven)
+        cells, times = poisson_hits(n * width, cell_stream(seed, name, step), end,
+                                    with_times=uneven)
         if uneven or drawn.size < width:  # keep each hit before its own position's horizon
             pos = cells % width
             cells = cells[times < horizon[pos]] if uneven else cells[np.isfinite(horizon)[pos]]
@@ -154,8 +155,8 @@ def bit_stream(seed: int, name: str, position: int, step: int | None = None) -> 
     return np.random.Generator(np.random.PCG64(_SeedWords(words[4 * position:4 * position + 4])))
 
 
-def _hits(n: int, rng: np.random.Generator, horizon: float,
-          with_times: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+def poisson_hits(n: int, rng: np.random.Generator, horizon: float,
+                 with_times: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
     """Elements hit before time ``horizon`` (with repeats) in time order, and their times.
 
     The stream is consumed in a fixed chunk schedule (set by ``n`` alone) and a chunk's end time is
@@ -237,7 +238,7 @@ def count_faults(n: int, width: int, positions: tuple[int, ...], count: Any, see
     while True:
         elems, times, pos_of = [], [], []
         for pos in positions:
-            e, t = _hits(n, bit_stream(seed, name, pos, step), horizon, with_times=True)
+            e, t = poisson_hits(n, bit_stream(seed, name, pos, step), horizon, with_times=True)
             e, t = _first_hits(e, t)
             elems.append(e)
             times.append(t)
@@ -251,4 +252,5 @@ def count_faults(n: int, width: int, positions: tuple[int, ...], count: Any, see
     return _from_cells(n, width, all_e.astype(np.int64) * width + all_p)
 
 
-__all__ = ["bit_stream", "cell_stream", "count_faults", "name_key", "rate_faults"]
+__all__ = ["bit_stream", "cell_stream", "count_faults", "name_key", "poisson_hits",
+           "rate_faults"]

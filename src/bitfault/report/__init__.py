@@ -9,13 +9,13 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from bitfault.campaign.stats import format_rates, headline_stat
 from bitfault.formats import format_from_dict, plane_formats
 from bitfault.formats.blocks import CODES
 from bitfault.report.html import Table, write_html, write_rows
 from bitfault.report.labels import bit_roles, fault_phrase, file_stems, rate_label, rate_name
 from bitfault.report.plots import plot_heatmap, plot_rate_sweep, plot_training
 from bitfault.report.schemes import plot_schemes, scheme_table
-from bitfault.stats import format_rates, headline_stat
 
 _SUMMARY_COLUMNS = ("model", "kind", "ber", "target", "bit", "n", "mean", "std", "median",
                     "min", "max", "ci_low", "ci_high")

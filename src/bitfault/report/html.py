@@ -9,13 +9,13 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from bitfault.csvfile import write_csv
-from bitfault.stats import format_rates
+from bitfault.campaign.stats import format_rates
+from bitfault.files.csvfile import write_csv
 
 
 def write_rows(rows: Sequence[Mapping[str, Any]], stem: str | os.PathLike[str]) -> list[str]:
     """Write rows as ``stem.csv`` (a name a spreadsheet would take for a formula, such as
-    ``=cmd``, is written ``'=cmd``: ``bitfault.csvfile``) and ``stem.json``; returns both
+    ``=cmd``, is written ``'=cmd``: ``bitfault.files.csvfile``) and ``stem.json``; returns both
     paths."""
     stem = os.fspath(stem)
     fields: list[str] = []

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from bitfault.campaign.stats import HIGHER_IS_WORSE, format_rates, headline_stat, metric_bounds
 from bitfault.report.labels import rate_label, rate_name
-from bitfault.stats import HIGHER_IS_WORSE, format_rates, headline_stat, metric_bounds
 
 
 def _pyplot() -> Any:

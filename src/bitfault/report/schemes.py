@@ -15,8 +15,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from bitfault.campaign.stats import format_rates
 from bitfault.report.plots import _pyplot, _save
-from bitfault.stats import format_rates
 
 _SHARES = (("masked", "masked", "#4c9a4c"), ("benign", "benign", "#9ccc8c"),
            ("sdc", "silent data corruption", "#d04a3c"),
@@ -25,7 +25,7 @@ _SHARES = (("masked", "masked", "#4c9a4c"), ("benign", "benign", "#9ccc8c"),
 
 def protection_text(storage: Mapping[str, Any]) -> str:
     """A memory's protection in words: "SEC-DED (72,64)", "scale: parity (65,64)"."""
-    from bitfault.protection import protection_from_dict
+    from bitfault.memory.codes import protection_from_dict
 
     word = int(storage.get("word_bits", 64))
     prot = storage.get("protection", {"kind": "none"})

@@ -16,7 +16,7 @@ from typing import Any
 
 from bitfault.errors import ArgumentError, check_int
 from bitfault.maps import FaultMap
-from bitfault.memory import check_map_fits
+from bitfault.memory.memory import check_map_fits
 
 
 def leading_rows(fmap: FaultMap, rows: int) -> FaultMap:

@@ -22,7 +22,7 @@ import numpy as np
 
 from bitfault.campaign.evaluator import predicted_labels
 from bitfault.maps import FaultMap
-from bitfault.memory import Memory
+from bitfault.memory.memory import Memory
 from bitfault.torch.budget import ByteBudget, held_bytes, storages
 from bitfault.torch.graph import TracedGraph
 

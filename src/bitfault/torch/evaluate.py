@@ -44,7 +44,7 @@ from bitfault.campaign.evaluator import (
 from bitfault.formats import plane_formats
 from bitfault.formats.blocks import CODES
 from bitfault.maps import FaultMap
-from bitfault.memory import Memory
+from bitfault.memory.memory import Memory
 from bitfault.torch.activations import CleanActivations
 from bitfault.torch.budget import ByteBudget
 from bitfault.torch.plan import Plan, evaluation_plan

@@ -7,7 +7,7 @@
     ...                           # run gm.model
     gm.restore_()                 # the clean values back, in the faulted tensors only
 
-Faults hit the bits the file stores (``bitfault.gguf_memory``): Q4_0/Q4_1/Q8_0 codes,
+Faults hit the bits the file stores (``bitfault.files.gguf_memory``): Q4_0/Q4_1/Q8_0 codes,
 fp16 scales and minimums, F16/BF16/F32 words. The faulty planes are dequantised as
 llama.cpp does and go through transformers' own GGUF tensor processing (its
 ``TENSOR_PROCESSORS``: llama's q/k rows are un-permuted, GPT-2's matrices transposed) and
@@ -27,8 +27,8 @@ import numpy as np
 import torch
 
 from bitfault.errors import ArgumentError
-from bitfault.faults import BitFlip, FaultModel, as_fault_model
-from bitfault.gguf_memory import GGUFMemory
+from bitfault.faults.models import BitFlip, FaultModel, as_fault_model
+from bitfault.files.gguf_memory import GGUFMemory
 from bitfault.maps import FaultMap
 from bitfault.torch.gguf_patch import ElementPlaces, Written, faulty_elements
 

@@ -26,11 +26,11 @@ import numpy as np
 from bitfault.campaign.evaluator import Maps, check_max_bytes, digest_arrays
 from bitfault.campaign.metrics import CleanRows, OutputMetric, make_records
 from bitfault.errors import ArgumentError, ArgumentTypeError
-from bitfault.faults import BitFlip
+from bitfault.faults.models import BitFlip
 from bitfault.formats import GGUF, BlockFormat, Format, plane_formats
 from bitfault.formats.blocks import CODES
 from bitfault.maps import FaultMap
-from bitfault.memory import Memory
+from bitfault.memory.memory import Memory
 from bitfault.torch.unread_rows import RowsBeforeStack
 
 REPRESENTATIVE = GGUF("q4_1")  # every plane a GGUF block can have: codes, scale, min

@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from bitfault.faults import FaultModel
+from bitfault.faults.models import FaultModel
+from bitfault.files.gguf_memory import StoredGGUF
 from bitfault.formats import BlockFormat, plane_formats
 from bitfault.formats.blocks import CODES
-from bitfault.gguf_memory import StoredGGUF
 from bitfault.inject import faults_at
 from bitfault.maps import FaultMap
 

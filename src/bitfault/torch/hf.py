@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from bitfault.data.text import gensim_file, lee_corpus
 from bitfault.errors import ArgumentError, check_int
-from bitfault.text import gensim_file, lee_corpus
 
 IGNORE = -100  # a label position no metric scores (Hugging Face's convention)
 
@@ -66,7 +66,7 @@ def text_windows(tokenizer: Any, text: str, context: int, windows: int | None = 
 
 def gensim_corpus(name: str = "lee_background.cor") -> Path:
     """The path of one of the corpora in gensim's wheel (gensim/test/test_data), found
-    without importing gensim (``bitfault.text.gensim_file``)."""
+    without importing gensim (``bitfault.data.text.gensim_file``)."""
     return gensim_file(name, name)
 
 

@@ -31,7 +31,7 @@ from torch import nn
 from bitfault.errors import ArgumentError, ArgumentTypeError, check_int
 from bitfault.formats import BlockFormat, plane_formats, plane_map_name
 from bitfault.formats.blocks import CODES
-from bitfault.memory import check_map_fits
+from bitfault.memory.memory import check_map_fits
 from bitfault.spec import FaultSpec
 from bitfault.torch.handle import (
     DIRECT,

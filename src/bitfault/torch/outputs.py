@@ -28,7 +28,7 @@ from bitfault.campaign.evaluator import Maps, check_max_bytes, digest_arrays
 from bitfault.campaign.metrics import CleanRows, OutputMetric, make_records
 from bitfault.errors import ArgumentTypeError
 from bitfault.formats import plane_formats
-from bitfault.memory import Memory
+from bitfault.memory.memory import Memory
 from bitfault.torch.evaluate import TorchEvaluator, faulty_in
 from bitfault.torch.replica import confined
 from bitfault.torch.stack_reuse import StackReuse, find_stack

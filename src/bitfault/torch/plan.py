@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from bitfault.memory import Memory
+from bitfault.memory.memory import Memory
 
 SHORTCUT, LAYER, MODEL = "shortcut", "layer", "model"
 

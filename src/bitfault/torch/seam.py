@@ -28,10 +28,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from bitfault.faults import FaultModel, check_fault_model
+from bitfault.faults.models import FaultModel, check_fault_model
 from bitfault.formats import BlockFormat, FixedPoint, Float, Format, IntQuant, is_format
 from bitfault.maps import FaultMap
-from bitfault.memory import check_map_fits
+from bitfault.memory.memory import check_map_fits
 from bitfault.torch.ops import block_kernels, block_numba, float32, generic, numba
 from bitfault.torch.ops import blocks as block_ops
 from bitfault.torch.storable import outside, storable_bounds

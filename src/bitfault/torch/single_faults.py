@@ -21,7 +21,7 @@ import numpy as np
 
 from bitfault.campaign.evaluator import predicted_labels, stores_elementwise
 from bitfault.maps import FaultMap
-from bitfault.memory import Memory
+from bitfault.memory.memory import Memory
 from bitfault.torch.batch_roles import BatchRoles
 from bitfault.torch.channel_ops import channel_step
 from bitfault.torch.conv_calls import ConvCall, captured, conv_call

@@ -23,7 +23,7 @@ from torch import nn
 from torch.func import functional_call
 
 from bitfault.errors import check_int
-from bitfault.faults import BitFlip, FaultModel
+from bitfault.faults.models import BitFlip, FaultModel
 from bitfault.formats import Format, gradient_bounds
 from bitfault.maps import FaultMap
 from bitfault.recipes import (

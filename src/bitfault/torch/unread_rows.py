@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from bitfault.maps import FaultMap
-from bitfault.memory import Memory
+from bitfault.memory.memory import Memory
 from bitfault.torch.replica import confined
 from bitfault.torch.stack_reuse import same_bits
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from bitfault.faults import FaultModel
+from bitfault.faults.models import FaultModel
 from bitfault.formats import BlockFormat, Float
 from bitfault.formats.gguf import GGUF
 from bitfault.formats.groupwise import GroupwiseInt

@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from bitfault.faults import FaultModel
+from bitfault.faults.models import FaultModel
 from bitfault.formats import BlockFormat, Float
 from bitfault.formats.gguf import GGUF
 from bitfault.formats.groupwise import GroupwiseInt

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from bitfault.faults import FaultModel
+from bitfault.faults.models import FaultModel
 from bitfault.formats import BlockFormat, BlockLayout
 from bitfault.formats.blocks import CODES
 from bitfault.maps import FaultMap
-from bitfault.memory import plane_faults
+from bitfault.memory.memory import plane_faults
 from bitfault.torch.ops import block_kernels
 from bitfault.torch.ops.generic import apply_fault, f32_to
 

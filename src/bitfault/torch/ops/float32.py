@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from bitfault.faults import FaultModel
+from bitfault.faults.models import FaultModel
 from bitfault.formats import FixedPoint, IntQuant
 from bitfault.formats.intquant import calibrate_f32
 from bitfault.torch.ops.generic import (

@@ -22,7 +22,7 @@ import math
 import numpy as np
 import torch
 
-from bitfault.faults import BitFlip, FaultModel, StuckAt
+from bitfault.faults.models import BitFlip, FaultModel, StuckAt
 from bitfault.formats import FixedPoint, Float, Format, IntQuant
 from bitfault.formats.minifloat import MiniFloat
 from bitfault.torch.ops.intquant import Calibration, calibrate, codes

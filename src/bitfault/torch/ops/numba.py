@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from bitfault.faults import BitFlip, FaultModel, StuckAt
+from bitfault.faults.models import BitFlip, FaultModel, StuckAt
 from bitfault.formats import FixedPoint, IntQuant
 from bitfault.maps import FaultMap
 

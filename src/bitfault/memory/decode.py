@@ -27,12 +27,12 @@ from typing import Any
 
 import numpy as np
 
-from bitfault import lanes as ln
 from bitfault.errors import ArgumentError, ArgumentTypeError
-from bitfault.layout import WordLayout
+from bitfault.faults.patterns import WordFaults
 from bitfault.maps.faultmap import FaultMap
-from bitfault.maps.patterns import WordFaults
-from bitfault.protection import CORRECTED, DUE, NoProtection, Parity, Protection, SecDed
+from bitfault.memory import lanes as ln
+from bitfault.memory.codes import CORRECTED, DUE, NoProtection, Parity, Protection, SecDed
+from bitfault.memory.layout import WordLayout
 
 
 @dataclass(frozen=True)

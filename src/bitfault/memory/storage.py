@@ -23,15 +23,15 @@ from fnmatch import fnmatchcase
 from typing import Any
 
 from bitfault.errors import ArgumentError, ArgumentTypeError, check_rate
+from bitfault.faults.patterns import IndependentBits, pattern_from_dict
 from bitfault.formats import Format, plane_formats, plane_map_name
 from bitfault.formats.blocks import CODES
-from bitfault.layout import WordLayout
 from bitfault.maps import FaultMap
-from bitfault.maps.patterns import IndependentBits, pattern_from_dict
-from bitfault.protected import RATE_FIELDS
-from bitfault.protection import NoProtection, Protection, protection_from_dict
-from bitfault.selective import Part, check_protected_bits, split_overhead, split_parts
-from bitfault.stored_faults import StoredWords, depends_on_data, plane_map, rated
+from bitfault.memory.codes import NoProtection, Protection, protection_from_dict
+from bitfault.memory.decode import RATE_FIELDS
+from bitfault.memory.layout import WordLayout
+from bitfault.memory.plane_maps import StoredWords, depends_on_data, plane_map, rated
+from bitfault.memory.selective import Part, check_protected_bits, split_overhead, split_parts
 
 _KEYS = ("word_bits", "row_words", "interleave", "protection", "pattern", "protected_bits",
          "protected_tensors")

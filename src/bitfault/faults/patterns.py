@@ -1,8 +1,8 @@
 """Fault patterns over memory words: which physical bits of which words are faulty.
 
 A physical memory word is ``data_bits + check_bits`` wide: bits ``0..data_bits-1`` are
-its data bits (``bitfault.layout``, up to 256), the bits above them its check bits, in
-that order (``bitfault.protection``). A pattern's ``draw`` returns ``WordFaults``
+its data bits (``bitfault.memory.layout``, up to 256), the bits above them its check bits, in
+that order (``bitfault.memory.codes``). A pattern's ``draw`` returns ``WordFaults``
 (``maps.wordfaults``): sorted word indices with a data mask (uint64, or ``(n, lanes)``
 uint64 lanes above 64 data bits) and a check mask (uint64: a 72-bit word does not fit
 one) of the bits that are faulty. A bit hit twice is faulty once (masks are OR-ed), so
@@ -45,17 +45,17 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from bitfault import lanes as ln
 from bitfault.errors import ArgumentError, ArgumentTypeError, check_choice, check_int, check_rate
-from bitfault.layout import check_interleave
-from bitfault.maps.sampling import _hits, cell_stream
-from bitfault.maps.wordfaults import (
+from bitfault.faults.word_faults import (
     WordFaults,
     bit_values,
     full_masks,
     interleaved_cells,
     word_faults,
 )
+from bitfault.maps.sampling import cell_stream, poisson_hits
+from bitfault.memory import lanes as ln
+from bitfault.memory.layout import check_interleave
 
 
 def _stream(seed: int, name: str, tag: str, step: int | None) -> np.random.Generator:
@@ -75,7 +75,7 @@ def poisson_cells(n: int, p: float, rng: np.random.Generator) -> np.ndarray:
         return np.zeros(0, np.int64)
     if p >= 1.0:
         return np.arange(n, dtype=np.int64)
-    cells, _ = _hits(n, rng, _horizon(p, n))
+    cells, _ = poisson_hits(n, rng, _horizon(p, n))
     return cells.astype(np.int64)
 
 
@@ -286,7 +286,7 @@ class Asymmetric(_Pattern):
         finite = horizons[np.isfinite(horizons)]
         parts = []
         if n and finite.size:
-            cells, times = _hits(n * width, r.stream("asymmetric"),
+            cells, times = poisson_hits(n * width, r.stream("asymmetric"),
                                  float(finite.max()), with_times=True)
             cells = cells.astype(np.int64)
             parts.append(cells[times < horizons[bit_values(cells, width, data_bits,

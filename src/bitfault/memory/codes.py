@@ -1,7 +1,7 @@
 """Protection codes on memory words: none, even parity, SEC-DED (extended Hamming).
 
 A memory word holds ``data_bits`` data bits (8..256: one NumPy ``uint64`` up to 64 bits,
-arrays ``(n,)``; ``(n, lanes)`` uint64 lanes above, ``bitfault.lanes``) and
+arrays ``(n,)``; ``(n, lanes)`` uint64 lanes above, ``bitfault.memory.lanes``) and
 ``check_bits(data_bits)`` check bits (one ``uint64`` per word, check bit ``j`` at bit
 ``j``: at most 10 of them).
 ``encode`` computes the check bits of clean words; ``decode`` takes the received data and
@@ -30,8 +30,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from bitfault import lanes as ln
 from bitfault.errors import ArgumentError, ArgumentTypeError, check_choice, check_int
+from bitfault.memory import lanes as ln
 
 OK, CORRECTED, DUE = 0, 1, 2
 POLICIES = ("flag", "zero")

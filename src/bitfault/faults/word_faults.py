@@ -3,9 +3,9 @@
 A physical memory word is ``data_bits + check_bits`` wide: bits ``0..data_bits-1`` are its
 data bits, the bits above them its check bits. ``WordFaults`` holds, for sorted distinct
 word indices, a data mask (uint64 ``(n,)`` up to 64 data bits, ``(n, lanes)`` uint64
-lanes above: ``bitfault.lanes``) and a check mask (uint64 ``(n,)``: at most 64 check bits).
+lanes above: ``bitfault.memory.lanes``) and a check mask (uint64 ``(n,)``: at most 64 check bits).
 
-Interleaving by ``d`` (``bitfault.layout``): physical bit ``q`` of the segment of group
+Interleaving by ``d`` (``bitfault.memory.layout``): physical bit ``q`` of the segment of group
 ``g`` (words ``g*d .. g*d+d-1``) is physical bit ``q // d`` of word ``g*d + q % d``.
 """
 
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bitfault import lanes as ln
 from bitfault.errors import ArgumentError
+from bitfault.memory import lanes as ln
 
 _ONE = np.uint64(1)
 

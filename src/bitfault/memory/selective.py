@@ -10,7 +10,7 @@ and top bits ``(7, 6)`` of int8 codes) is stored as two parts, each a plane of f
   bits.
 
 A part packs ``word_bits // width`` whole fields into a memory word, in the order of
-``bitfault.layout``. When the width does not divide ``word_bits`` the part's words are
+``bitfault.memory.layout``. When the width does not divide ``word_bits`` the part's words are
 ``(word_bits // width) * width`` bits wide and the leftover bits are not stored, so they
 are neither faulted nor covered by the code: 7-bit fields fill 63 of 64 bits, nine to a
 word, under SEC-DED (71,63) (8 check bits, as (72,64)); 6-bit fields 60 of 64. Both parts
@@ -32,8 +32,8 @@ import numpy as np
 
 from bitfault.errors import ArgumentError, ArgumentTypeError
 from bitfault.formats.blocks import CODES
-from bitfault.layout import WordLayout
-from bitfault.protection import NoProtection, Protection
+from bitfault.memory.codes import NoProtection, Protection
+from bitfault.memory.layout import WordLayout
 
 PROTECTED, UNPROTECTED = "protected", "unprotected"
 _ALLOWED = "bit positions (a sequence of ints: the codes plane's) or {plane: bit positions}"

@@ -2,7 +2,7 @@
 model's own tokenizer into fixed-length windows of token ids; and pairs of texts with
 human similarity scores (``text_pairs``) for a downstream score of sentence embeddings.
 
-    from bitfault.text import lee_corpus, text_pairs, token_windows
+    from bitfault.data.text import lee_corpus, text_pairs, token_windows
     ids = token_windows(lee_corpus(), tokenizer, context=128, n_windows=4)  # (4, 128) int64
     lee = text_pairs("lee")  # 50 documents, 1225 pairs with Lee et al.'s human ratings
 

@@ -24,12 +24,12 @@ from typing import Any
 import numpy as np
 
 from bitfault.errors import ArgumentError, ArgumentTypeError
-from bitfault.faults import BitFlip, FaultModel, as_fault_model
+from bitfault.faults.models import BitFlip, FaultModel, as_fault_model
 from bitfault.formats import GGUF, BlockFormat, Float, Format, plane_formats
 from bitfault.formats.blocks import CODES, PLANE_SEPARATOR
 from bitfault.inject import InjectionStats, fault_words
 from bitfault.maps import FaultMap
-from bitfault.memory import check_map_fits
+from bitfault.memory.memory import check_map_fits
 from bitfault.targets import Targets
 
 STORED_TYPES: dict[str, Format] = {

@@ -11,8 +11,8 @@ the whole plane is one row); rows matter to column and row fault patterns.
 
 The memory word here is the data part (``word_bits`` 8..256 bits): up to 64 bits one
 ``uint64`` (arrays ``(n,)``), wider words ``(n, lanes)`` uint64 lanes, LSB first
-(``bitfault.lanes``: 16 int8 codes or 4 float32 values per 128-bit word, two lanes); a
-protection code adds its check bits beside it (``bitfault.protection``).
+(``bitfault.memory.lanes``: 16 int8 codes or 4 float32 values per 128-bit word, two lanes); a
+protection code adds its check bits beside it (``bitfault.memory.codes``).
 
 Interleaving (``interleave=d``, default 1): ``d`` consecutive code words (a group:
 words ``g*d .. g*d+d-1``) share one physical segment bit by bit, so physical bit ``q``
@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from bitfault import lanes as ln
 from bitfault.errors import ArgumentError, ArgumentTypeError, check_int
+from bitfault.memory import lanes as ln
 
 MAX_ELEMENT_BITS = 32
 _KEYS = ("word_bits", "row_words", "interleave")

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 import bitfault
-from bitfault.cli_args import bits_arg, format_arg, one_line, rate_arg, shape_arg
+from bitfault.cli.args import bits_arg, format_arg, one_line, rate_arg, shape_arg
 from bitfault.errors import check_int
 
 BAD_INPUT = 2

@@ -39,14 +39,14 @@ from typing import Any
 import numpy as np
 
 from bitfault.errors import ArgumentError, ArgumentTypeError
+from bitfault.faults.patterns import Asymmetric
 from bitfault.formats import BlockFormat, Format, check_float_input
 from bitfault.formats.blocks import CODES
-from bitfault.layout import WordLayout
 from bitfault.maps import FaultMap
-from bitfault.maps.patterns import Asymmetric
-from bitfault.protected import decode_faults, draw_decoded_map, pattern_at, stored_words
-from bitfault.protection import Protection
-from bitfault.selective import Part
+from bitfault.memory.codes import Protection
+from bitfault.memory.decode import decode_faults, draw_decoded_map, pattern_at, stored_words
+from bitfault.memory.layout import WordLayout
+from bitfault.memory.selective import Part
 
 DATA_DEPENDENT = (
     "a memory with policy 'zero' or asymmetric cells is data-dependent: what it reads back "
@@ -136,7 +136,7 @@ def as_stored_words(words: Any, values: Any, shape: tuple[int, ...],
     ``values`` (of ``shape``), or None."""
     if words is not None:
         if not isinstance(words, StoredWords):
-            raise ArgumentTypeError("words", words, "a bitfault.stored_faults.StoredWords")
+            raise ArgumentTypeError("words", words, "a bitfault.memory.plane_maps.StoredWords")
         return words.check(shape, fmt)
     if values is None:
         return None

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from bitfault.errors import ArgumentError, ArgumentTypeError, check_choice
-from bitfault.faults import BitFlip, FaultModel, as_fault_model, check_fault_model
+from bitfault.faults.models import BitFlip, FaultModel, as_fault_model, check_fault_model
 from bitfault.formats import (
     BlockFormat,
     Format,
@@ -52,7 +52,7 @@ class Memory:
     (``{"scale": 0.1}``: scale words fail ten times less often, as a better-protected scale
     memory would; ``{"codes": 0}``: only the scales fail); planes left out: 1.
     ``storage``: how the planes sit in physical memory words (layout, protection, fault
-    pattern; ``bitfault.storage.Storage`` or its dict form); None: the format's words
+    pattern; ``bitfault.memory.storage.Storage`` or its dict form); None: the format's words
     themselves fail, bit by bit.
     """
 
@@ -70,14 +70,14 @@ class Memory:
         if self.plane_rates is not None:
             object.__setattr__(self, "plane_rates", self._checked_plane_rates())
         if self.storage is not None:
-            from bitfault.storage import Storage  # storage builds on this module's maps
+            from bitfault.memory.storage import Storage  # storage builds on this module's maps
 
             storage = self.storage
             if isinstance(storage, Mapping):
                 storage = Storage.from_dict(storage)
             if not isinstance(storage, Storage):
-                raise ArgumentTypeError("storage", storage, "a bitfault.storage.Storage, its "
-                                        "dict form or None")
+                raise ArgumentTypeError("storage", storage, "a bitfault.memory.storage.Storage, "
+                                        "its dict form or None")
             if not isinstance(self.fault, BitFlip):
                 raise ArgumentError("fault", self.fault.to_dict(), "BitFlip()",
                                     requirement="a stored memory's faults are its pattern's "
@@ -109,7 +109,7 @@ class Memory:
                                             "its pattern draws at a rate (give ber=)")
         stored = None
         if self.storage.data_dependent:
-            from bitfault.stored_faults import as_stored_words
+            from bitfault.memory.plane_maps import as_stored_words
 
             stored = as_stored_words(words, values, tuple(shape), self.format)
         return self.storage.random_map(tuple(shape), self.format, ber=ber, seed=seed,
