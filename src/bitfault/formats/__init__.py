@@ -9,28 +9,20 @@ which plane a bit selection names; the block formats are ``mx`` (OCP MX), ``nvfp
 ``gguf`` (llama.cpp's Q8_0/Q4_0/Q4_1) and ``groupwise`` (group-wise integers).
 """
 
+import importlib
+from typing import Any
+
 from bitfault.formats.base import (
     FORMATS,
     Format,
     FormatBase,
     QuantParams,
-    check_float_input,
-    container_dtype,
     format_from_dict,
-    gradient_bounds,
-    is_format,
 )
-from bitfault.formats.blocks import (
-    BlockFormat,
-    BlockLayout,
-    IntCodes,
-    Plane,
-    plane_map_name,
-)
+from bitfault.formats.blocks import BlockFormat, BlockLayout, IntCodes, Plane
 from bitfault.formats.fit import fixed_point_for
 from bitfault.formats.fixed import FixedPoint
 from bitfault.formats.intquant import IntQuant
-from bitfault.formats.planes import is_block_format, plane_formats, split_by_plane
 
 # isort: split
 # imported after those, so the registry (and its error messages) lists fixed_point,
@@ -42,6 +34,26 @@ from bitfault.formats.gguf import GGUF, GGUF_TYPES
 from bitfault.formats.groupwise import GroupwiseInt
 from bitfault.formats.mx import MX
 from bitfault.formats.nvfp4 import NVFP4
+
+# helpers the other bitfault packages use, importable from here but not part of ``__all__``
+_HELPERS = {
+    "check_float_input": "bitfault.formats.base",
+    "container_dtype": "bitfault.formats.base",
+    "gradient_bounds": "bitfault.formats.base",
+    "is_format": "bitfault.formats.base",
+    "plane_map_name": "bitfault.formats.blocks",
+    "is_block_format": "bitfault.formats.planes",
+    "plane_formats": "bitfault.formats.planes",
+    "split_by_plane": "bitfault.formats.planes",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _HELPERS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
 
 __all__ = [
     "FORMATS",
@@ -60,14 +72,6 @@ __all__ = [
     "IntQuant",
     "Plane",
     "QuantParams",
-    "check_float_input",
-    "container_dtype",
     "fixed_point_for",
     "format_from_dict",
-    "gradient_bounds",
-    "is_block_format",
-    "is_format",
-    "plane_formats",
-    "plane_map_name",
-    "split_by_plane",
 ]
