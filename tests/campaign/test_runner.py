@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -259,3 +260,29 @@ def test_store_errors_after_opening_name_the_store(tmp_path: Path) -> None:
                      lambda: db.add({"trial_key": "b", "kind": "rate", "metrics": {}})):
             with pytest.raises(StoreError, match=rf"^{path}: the campaign store cannot be read"):
                 call()
+
+
+def test_fallbacks_of_the_evaluator_are_stored_with_the_trials(evaluator: NumpyEvaluator,
+                                                               tmp_path: Path) -> None:
+    """An evaluator whose fast path failed for a tensor says so in ``fallbacks``: the store
+    keeps it (merged over runs) and the result and its JSON carry it."""
+    def falling_back(failed: dict[str, str]) -> NumpyEvaluator:
+        ev = copy.copy(evaluator)
+        ev.fallbacks = failed  # what a torch evaluator records when a fast path fails
+        return ev
+
+    name = next(iter(evaluator.tensor_shapes()))
+    store = tmp_path / "c.db"
+    first = run(falling_back({name: "boom"}), rate_sweep([1e-2], chips=2), MEMORY,
+                store)
+    assert first.fallbacks == {name: "boom"}
+    assert json.loads(first.to_json())["fallbacks"] == {name: "boom"}
+    plain = run(evaluator, rate_sweep([1e-2], chips=2), MEMORY, store)  # resumed: kept
+    assert plain.ran == 0 and plain.fallbacks == {name: "boom"}
+    with CampaignStore(store, plain_digest(store)) as db:
+        assert db.fallbacks() == {name: "boom"}
+
+
+def plain_digest(path: Path) -> str:
+    with sqlite3.connect(path) as db:
+        return db.execute("SELECT value FROM campaign WHERE key='digest'").fetchone()[0]

@@ -30,7 +30,9 @@ class Evaluator(Protocol):
     every tensor stored in ``memory`` (its format, faulted by its fault model). A
     data-dependent memory (``Memory.data_dependent``) also needs ``clean_tensor(name)``:
     the tensor's clean float values (NumPy, PyTorch layout), from which its maps are
-    drawn."""
+    drawn. An evaluator with fast paths may hold ``fallbacks`` (tensor -> the error a fast
+    path failed with, after which it took the exact path): ``run`` stores it beside the
+    trials and returns it in ``CampaignResult.fallbacks``."""
 
     labels: np.ndarray
 

@@ -22,6 +22,8 @@ class CampaignResult:
     skipped: int = 0
     clean: dict[str, float] = field(default_factory=dict)
     stopping: dict[str, Any] | None = None  # with run(stop=...): the estimate it stopped on
+    # tensor -> the error a fast path of the evaluator failed with (it took the exact path)
+    fallbacks: dict[str, str] = field(default_factory=dict)
 
     def to_dataframe(self) -> Any:
         import pandas as pd
@@ -56,7 +58,8 @@ class CampaignResult:
     def to_json(self) -> str:
         """The result as JSON; with an ``OutputMetric``'s trials, ``outcomes`` too."""
         body = {"clean": self.clean, "ran": self.ran, "skipped": self.skipped,
-                "stopping": self.stopping, "trials": [r.flat() for r in self.records]}
+                "stopping": self.stopping, "fallbacks": self.fallbacks,
+                "trials": [r.flat() for r in self.records]}
         if self.records and all("masked" in r.metrics for r in self.records):
             body["outcomes"] = self.outcomes()
         return json.dumps(body, sort_keys=True)

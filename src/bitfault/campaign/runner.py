@@ -310,9 +310,13 @@ def run(
                     before = f"{already} done before, " if already else ""
                     bar.set_postfix_str(before + stop.describe(estimate))
                 bar.close()
+        # an evaluator whose fast path failed for a tensor took its exact path (it warned):
+        # the store keeps which tensors and why, beside the trials
+        db.add_fallbacks(getattr(evaluator, "fallbacks", None) or {})
         records = [r for r in db.records() if r.trial_key in wanted]
+        fallbacks = db.fallbacks()
     return CampaignResult(records, ran=finished, skipped=already, clean=clean_metrics,
-                          stopping=estimate)
+                          stopping=estimate, fallbacks=fallbacks)
 
 
 def _progress(progress: bool | Callable[[int, int], None] | None, total: int,

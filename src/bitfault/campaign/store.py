@@ -18,7 +18,7 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -238,6 +238,25 @@ class CampaignStore:
     def description(self) -> dict[str, Any]:
         with _sqlite_errors(self.path):
             row = self._db.execute("SELECT value FROM campaign WHERE key='description'"
+                                   ).fetchone()
+        return json.loads(row[0]) if row else {}
+
+    def add_fallbacks(self, fallbacks: Mapping[str, str]) -> None:
+        """Record that a fast path failed for these tensors (tensor -> error) and the
+        evaluator took its exact path: provenance kept with the trials, merged over runs."""
+        if not fallbacks:
+            return
+        with _sqlite_errors(self.path):
+            merged = {**self.fallbacks(), **{str(k): str(v) for k, v in fallbacks.items()}}
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute("INSERT OR REPLACE INTO campaign VALUES ('fallbacks', ?)",
+                             (json.dumps(merged, sort_keys=True),))
+            self._db.execute("COMMIT")
+
+    def fallbacks(self) -> dict[str, str]:
+        """Tensor -> the error its fast path failed with, in any run of this store."""
+        with _sqlite_errors(self.path):
+            row = self._db.execute("SELECT value FROM campaign WHERE key='fallbacks'"
                                    ).fetchone()
         return json.loads(row[0]) if row else {}
 
