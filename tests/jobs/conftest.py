@@ -3,24 +3,16 @@
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-TINY: dict[str, Any] = {
-    "framework": "torch",
-    "seed": 0,
-    "title": "tiny",
-    "data": {"source": "embedded", "train_limit": 600, "test_limit": 200},
-    "model": {"name": "seed_mlp", "kwargs": {"hidden": 16}},
-    "train": {"epochs": 3, "batch_size": 25, "lr": 0.05},
-    "recipes": [{"name": "int8", "format": {"kind": "int_quant", "bits": 8}},
-                {"name": "clip", "format": {"kind": "int_quant", "bits": 8},
-                 "weight_clip": 0.1}],
-    "campaign": {"bers": [1e-3, 1e-2], "chips": 2, "seed": 5, "layers": True,
-                 "sensitivity_bers": [1e-2]},
-}
+# tiny_config beside these tests under any --import-mode
+if str(Path(__file__).parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).parent))
+
+from tiny_config import TINY
 
 
 @pytest.fixture(scope="session")

@@ -18,12 +18,13 @@ pytest.importorskip("mlxtend")
 pytest.importorskip("matplotlib")
 yaml = pytest.importorskip("yaml")
 
+from tiny_config import TINY  # noqa: E402
+
 import bitfault as bf  # noqa: E402
 from bitfault.campaign.stats import format_rate  # noqa: E402
 from bitfault.cli import main  # noqa: E402
 from bitfault.config import ConfigError, load_config  # noqa: E402
 from bitfault.jobs import run_campaign  # noqa: E402
-from conftest import TINY  # noqa: E402
 
 SCHEMES = [{"name": "none"}, {"name": "secded", "protection": "secded", "word_bits": 64}]
 RATES, CHIPS, SEED = (1e-3, 1e-2), 2, 5

@@ -11,9 +11,10 @@ pytest.importorskip("torch")
 pytest.importorskip("mlxtend")
 pytest.importorskip("matplotlib")
 
+from tiny_config import TINY
+
 from bitfault.config import ConfigError
 from bitfault.jobs import make_report, run_campaign
-from conftest import TINY
 
 
 def test_a_secded_campaign_summarises_and_reports_its_outcomes(tiny_run: Path) -> None:
