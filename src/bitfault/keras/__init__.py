@@ -15,9 +15,9 @@ if _keras.backend.backend() != "tensorflow":
         f"keras (the JAX and PyTorch backends are not supported yet; PyTorch users: "
         f"bitfault.torch).")
 
-from bitfault.keras.callbacks import ResampleFaults
+from bitfault.keras.callbacks import ResampleFaults, fault_maps, faulty_layers, resample
 from bitfault.keras.evaluate import KerasEvaluator
-from bitfault.keras.inject import fault_maps, faulty_layers, inject, left_out, resample
+from bitfault.keras.inject import inject, left_out
 from bitfault.keras.layers import (
     FaultyConv1D,
     FaultyConv2D,

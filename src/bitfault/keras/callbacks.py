@@ -1,4 +1,5 @@
-"""ResampleFaults: new transient fault maps every batch, replayable from (seed, name, step)."""
+"""The FaultyLayers of a model and their transient maps: ``faulty_layers``, ``fault_maps``,
+``resample`` and ``ResampleFaults`` (new maps every batch, replayable from (seed, name, step))."""
 
 from __future__ import annotations
 
@@ -6,7 +7,42 @@ from typing import Any
 
 import keras
 
-from bitfault.keras.inject import faulty_layers
+from bitfault.keras.layers import FaultyLayer
+from bitfault.maps import FaultMap
+
+
+def faulty_layers(model: keras.Model) -> list[FaultyLayer]:
+    """The FaultyLayers of a model (searched recursively, in order)."""
+    found: list[FaultyLayer] = []
+
+    def visit(layer: Any) -> None:
+        for sub in layer._flatten_layers(include_self=False, recursive=False):
+            if isinstance(sub, FaultyLayer):
+                if sub not in found:
+                    found.append(sub)
+            else:
+                visit(sub)
+
+    visit(model)
+    return found
+
+
+def fault_maps(model: keras.Model) -> dict[str, FaultMap]:
+    """The fault map of every faulted tensor of the model (PyTorch layout), by tensor name."""
+    maps: dict[str, FaultMap] = {}
+    for layer in faulty_layers(model):
+        maps.update(layer.maps)
+    return maps
+
+
+def resample(model: keras.Model, step: int) -> None:
+    """Use the transient maps of ``step`` in every transient FaultyLayer of the model."""
+    layers = [la for la in faulty_layers(model) if la.spec.persistence == "transient"]
+    if not layers:
+        raise ValueError("resample(model, step) needs FaultyLayers with a transient spec; this "
+                         "model has none (permanent maps never change)")
+    for layer in layers:
+        layer.resample(step)
 
 
 class ResampleFaults(keras.callbacks.Callback):
@@ -48,4 +84,4 @@ class ResampleFaults(keras.callbacks.Callback):
         self._resample(training=False)
 
 
-__all__ = ["ResampleFaults"]
+__all__ = ["ResampleFaults", "fault_maps", "faulty_layers", "resample"]

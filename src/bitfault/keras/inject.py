@@ -9,6 +9,7 @@ from typing import Any
 
 import keras
 
+from bitfault.keras.callbacks import ResampleFaults
 from bitfault.keras.layers import FaultyLayer, as_spec
 from bitfault.keras.layouts import SUPPORTED_NAMES, draw_maps, is_supported
 from bitfault.keras.seam import check_supported
@@ -18,40 +19,6 @@ from bitfault.spec import FaultSpec
 from bitfault.targets import KINDS
 
 FilterFn = Callable[[keras.layers.Layer, str], bool] | str | Sequence[str]
-
-
-def faulty_layers(model: keras.Model) -> list[FaultyLayer]:
-    """The FaultyLayers of a model (searched recursively, in order)."""
-    found: list[FaultyLayer] = []
-
-    def visit(layer: Any) -> None:
-        for sub in layer._flatten_layers(include_self=False, recursive=False):
-            if isinstance(sub, FaultyLayer):
-                if sub not in found:
-                    found.append(sub)
-            else:
-                visit(sub)
-
-    visit(model)
-    return found
-
-
-def fault_maps(model: keras.Model) -> dict[str, FaultMap]:
-    """The fault map of every faulted tensor of the model (PyTorch layout), by tensor name."""
-    maps: dict[str, FaultMap] = {}
-    for layer in faulty_layers(model):
-        maps.update(layer.maps)
-    return maps
-
-
-def resample(model: keras.Model, step: int) -> None:
-    """Use the transient maps of ``step`` in every transient FaultyLayer of the model."""
-    layers = [la for la in faulty_layers(model) if la.spec.persistence == "transient"]
-    if not layers:
-        raise ValueError("resample(model, step) needs FaultyLayers with a transient spec; this "
-                         "model has none (permanent maps never change)")
-    for layer in layers:
-        layer.resample(step)
 
 
 def _output_shape(layer: keras.layers.Layer) -> tuple[Any, ...] | None:
@@ -172,8 +139,6 @@ def inject(model: keras.Model, spec: FaultSpec | dict[str, Any],
 def _resample_in_every_run(model: keras.Model) -> None:
     """Give ``model``'s fit, evaluate and predict one ``ResampleFaults`` callback of its own
     (unless the call passes one), so transient maps change without extra wiring."""
-    from bitfault.keras.callbacks import ResampleFaults
-
     callback = ResampleFaults()  # one per model: forward counts carry on across calls
 
     def wrap(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -194,4 +159,4 @@ def _resample_in_every_run(model: keras.Model) -> None:
         setattr(model, name, wrap(getattr(model, name)))
 
 
-__all__ = ["fault_maps", "faulty_layers", "inject", "left_out", "resample"]
+__all__ = ["inject", "left_out"]

@@ -25,7 +25,8 @@ import tensorflow as tf
 from bitfault.errors import check_int
 from bitfault.faults.models import BitFlip
 from bitfault.formats import Format
-from bitfault.keras.inject import faulty_layers, inject, resample
+from bitfault.keras.callbacks import faulty_layers, resample
+from bitfault.keras.inject import inject
 from bitfault.keras.layers import _substituted, storable_range
 from bitfault.keras.recipes import (
     _keep_in_range_,
