@@ -1,4 +1,4 @@
-"""The compiled block kernels (``ops.block_numba``) against the NumPy core, bit for bit.
+"""The compiled block kernels (``kernels.block_numba``) against the NumPy core, bit for bit.
 
 Every format family, random per-plane maps, block axes (padding included), BitFlip and
 StuckAt, NaN / inf scale words; the seam takes them for float32 CPU tensors and the fused
@@ -19,8 +19,8 @@ import bitfault as bf  # noqa: E402
 from bitfault.errors import ArgumentError  # noqa: E402
 from bitfault.formats import GGUF, MX, NVFP4, GroupwiseInt  # noqa: E402
 from bitfault.torch import seam  # noqa: E402
-from bitfault.torch.ops import block_numba  # noqa: E402
-from bitfault.torch.ops import blocks as block_ops  # noqa: E402
+from bitfault.torch.kernels import block_numba  # noqa: E402
+from bitfault.torch.kernels import blocks as block_ops  # noqa: E402
 
 FORMATS = [*(MX(e) for e in ("float8_e4m3fn", "float8_e5m2", "float6_e2m3fn",
                              "float6_e3m2fn", "float4_e2m1fn", "int8")),

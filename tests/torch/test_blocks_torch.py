@@ -23,7 +23,7 @@ import blockfmt  # noqa: E402
 from bitfault.errors import ArgumentError  # noqa: E402
 from bitfault.formats import GGUF, MX, NVFP4, GroupwiseInt  # noqa: E402
 from bitfault.torch import inject_, inject_tensor, quantised_weights  # noqa: E402
-from bitfault.torch.ops import blocks as block_ops  # noqa: E402
+from bitfault.torch.kernels import blocks as block_ops  # noqa: E402
 from bitfault.torch.seam import DeviceFaults, faulty_group  # noqa: E402
 
 MX_ELEMENTS = ("float8_e4m3fn", "float8_e5m2", "float6_e2m3fn", "float6_e3m2fn",

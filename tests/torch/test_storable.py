@@ -12,7 +12,7 @@ from torch_helpers import bits_equal, core_faulty, hook_state, same_state, snaps
 
 import bitfault as bf  # noqa: E402
 from bitfault.torch import inject_, seam  # noqa: E402
-from bitfault.torch.ops.numba import inward_f32  # noqa: E402
+from bitfault.torch.kernels.numba import inward_f32  # noqa: E402
 from bitfault.torch.storable import outside, storable_bounds  # noqa: E402
 
 SEED_FMT = bf.FixedPoint(32, 28, rounding="trunc")

@@ -1,11 +1,11 @@
-"""bitfault.torch.ops.generic: float conversions with NumPy's rounding and NaN payloads."""
+"""bitfault.torch.kernels.generic: float conversions with NumPy's rounding and NaN payloads."""
 
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from bitfault.torch.ops import generic as cv  # noqa: E402
+from bitfault.torch.kernels import generic as cv  # noqa: E402
 
 ALL_F16 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
 

@@ -2,15 +2,15 @@
 
 The only module that chooses a kernel; every path gives the bits ``bitfault.inject`` gives:
 
-* the compiled one-pass CPU loops (``ops.numba``): float32 on the CPU, FixedPoint
+* the compiled one-pass CPU loops (``kernels.numba``): float32 on the CPU, FixedPoint
   "saturate" and IntQuant per tensor or per channel along axis 0, when Numba imports
   and ``BITFAULT_NUMBA`` is not ``0``;
-* the float32 fast paths (``ops.float32``): FixedPoint "saturate", Float("float32") and
+* the float32 fast paths (``kernels.float32``): FixedPoint "saturate", Float("float32") and
   IntQuant, on any device;
-* the generic path (``ops.generic``): every format, overflow policy and float dtype;
+* the generic path (``kernels.generic``): every format, overflow policy and float dtype;
 * block formats: on float32 CPU tensors with Numba, one compiled pass per block for MX,
-  NVFP4, GGUF and GroupwiseInt (``ops.block_numba``); otherwise every plane encoded,
-  faulted and decoded in tensor ops (``ops.blocks``: native kernels for those formats, the
+  NVFP4, GGUF and GroupwiseInt (``kernels.block_numba``); otherwise every plane encoded,
+  faulted and decoded in tensor ops (``kernels.blocks``: native kernels for those formats, the
   NumPy core on the host for any other ``BlockFormat``).
 
 bfloat16 goes through float32 and is rounded back by PyTorch's cast. ``inject_``,
@@ -32,8 +32,8 @@ from bitfault.faults.models import FaultModel, check_fault_model
 from bitfault.formats import BlockFormat, FixedPoint, Float, Format, IntQuant, is_format
 from bitfault.maps import FaultMap
 from bitfault.memory.memory import check_map_fits
-from bitfault.torch.ops import block_kernels, block_numba, float32, generic, numba
-from bitfault.torch.ops import blocks as block_ops
+from bitfault.torch.kernels import block_formats, block_numba, float32, generic, numba
+from bitfault.torch.kernels import blocks as block_ops
 from bitfault.torch.storable import outside, storable_bounds
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -58,7 +58,7 @@ class DeviceFaults:
     tensor starts and how many elements it has; ``spans[i]``: the slice of
     ``index``/``masks`` that belongs to tensor ``i``. For a block format (``of``),
     ``blocks[i]``: tensor ``i``'s faults in every plane, in block form
-    (``ops.blocks.BlockFaults``).
+    (``kernels.blocks.BlockFaults``).
     """
 
     index: torch.Tensor
@@ -164,14 +164,14 @@ def _compiled_format(fmt: Format, ndim: int) -> bool:
 
 
 def compiled_for(x: torch.Tensor, fmt: Format) -> bool:
-    """Whether the compiled CPU kernels (``ops.numba``) compute ``x`` in ``fmt``: float32 on
+    """Whether the compiled CPU kernels (``kernels.numba``) compute ``x`` in ``fmt``: float32 on
     the CPU, Numba available, a format they support."""
     return x.dtype == torch.float32 and x.device.type == "cpu" and numba_available() and \
         _compiled_format(fmt, x.ndim)
 
 
 def block_compiled_for(x: torch.Tensor, fmt: Format) -> bool:
-    """Whether the compiled block kernels (``ops.block_numba``) compute ``x`` in block format
+    """Whether the compiled block kernels (``kernels.block_numba``) compute ``x`` in block format
     ``fmt``: a non-empty float32 CPU tensor, Numba available, MX, NVFP4, GGUF or GroupwiseInt."""
     return isinstance(fmt, BlockFormat) and block_numba.compiled(fmt) and \
         x.dtype == torch.float32 and x.device.type == "cpu" and x.numel() > 0 and \
@@ -187,7 +187,7 @@ def compiled_pass(fmt: FixedPoint | IntQuant, fault: FaultModel,
 
 
 class _FusedPass:
-    """The compiled CPU pass over one group of tensors, bound once per map (``ops.numba``):
+    """The compiled CPU pass over one group of tensors, bound once per map (``kernels.numba``):
     each tensor's kernel, and the memory of the last output, written again once nothing
     else holds it."""
 
@@ -311,7 +311,7 @@ def faulty_group(xs: Sequence[torch.Tensor], fmt: Format, fault: FaultModel, fau
         return [out[o:o + n].view(x.shape) for x, o, n in spans]
     if dtype == torch.float32 and isinstance(fmt, Float) and fmt.codec is not None and \
             fmt.overflow == "saturate":  # the small floats: the core's rounding table
-        return [block_kernels.faulty_small_float(x, fmt.dtype, fault, p.index, p.masks)
+        return [block_formats.faulty_small_float(x, fmt.dtype, fault, p.index, p.masks)
                 for x, p in ((x, faults.part(i)) for i, x in enumerate(xs))]
     if dtype == torch.float32 and isinstance(fmt, IntQuant) and not strict:
         return float32.faulty_int_quant_f32(xs, fmt, fault, faults, buffers)

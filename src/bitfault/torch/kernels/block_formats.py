@@ -27,7 +27,7 @@ from bitfault.formats.groupwise import GroupwiseInt
 from bitfault.formats.minifloat import SMALL_FLOATS
 from bitfault.formats.mx import EMAX_ELEM, MX, round_to_element
 from bitfault.formats.nvfp4 import NVFP4, TENSOR_DIVISOR
-from bitfault.torch.ops.generic import apply_fault, f16_to_f32, sign_extend32
+from bitfault.torch.kernels.generic import apply_fault, f16_to_f32, sign_extend32
 
 Planes = dict[str, torch.Tensor]
 

@@ -1,18 +1,18 @@
-"""The compiled loops of ``ops.block_numba``: one pass over each block of a float32 tensor.
+"""The compiled loops of ``kernels.block_numba``: one pass over each block of a float32 tensor.
 
 Every kernel takes the flat float32 ``x`` (C order, the block axis last: ``rows`` x ``length``,
 each row ``nbpr`` blocks of ``k``, the last one short) and writes ``out`` in that order; block
 ``b = r * nbpr + j``. Faults, sorted, each list ending in a position past every block: codes
 ``cpos/cmask`` (``b * k + slot``), block planes ``b0pos/b0mask``, ``b1pos/b1mask`` (block
 numbers), walked block by block inline (a helper returning (mask, next) made every loop 2x
-slower); ``tmask`` for a tensor plane; ``op`` as ``ops.numba.fault_op``. Per block:
+slower); ``tmask`` for a tensor plane; ``op`` as ``kernels.numba.fault_op``. Per block:
 statistics, scale words and their faulty forms, one loop encoding and decoding every
 element, then the few faulty codes (clean codes recomputed from the same operands). For
 LLVM's vectoriser: loops over a block's own slices, reductions by compare-and-select on
 integers (the largest magnitude on the bits; float max / min on order-preserving keys, NaN
 left out where the core's scan leaves it out), no builtin ``min`` / ``max`` in a loop. The
 arithmetic is the core's (float32 operations in the ``formats`` modules' order; no
-fast-math). Compiled by ``ops.block_numba`` only.
+fast-math). Compiled by ``kernels.block_numba`` only.
 """
 
 from __future__ import annotations

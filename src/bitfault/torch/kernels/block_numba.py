@@ -1,8 +1,8 @@
 """Block formats in one compiled pass per block (Numba), for float32 tensors on the CPU.
 
-The eager kernels (``ops.block_kernels``) run about a dozen tensor passes per weight (to
+The eager kernels (``kernels.block_formats``) run about a dozen tensor passes per weight (to
 blocks, statistics, scale, rounding key, two lookups, product, back). The loops of
-``ops.block_loops`` visit each block once, straight from the tensor (the block axis last:
+``kernels.block_loops`` visit each block once, straight from the tensor (the block axis last:
 other axes are moved there first; the last block of a row padded
 with zeros): its statistics, its scale words, its element codes, the faults of that block
 in every plane, and the decoded values, written once into the output.
@@ -29,9 +29,9 @@ from bitfault.formats.groupwise import GroupwiseInt
 from bitfault.formats.minifloat import SMALL_FLOATS
 from bitfault.formats.mx import EMAX_ELEM, MX, round_to_element
 from bitfault.formats.nvfp4 import NVFP4
-from bitfault.torch.ops import block_loops
-from bitfault.torch.ops.blocks import BlockFaults
-from bitfault.torch.ops.numba import fault_op
+from bitfault.torch.kernels import block_loops
+from bitfault.torch.kernels.blocks import BlockFaults
+from bitfault.torch.kernels.numba import fault_op
 
 _GGUF = {"q8_0": 0, "q4_0": 1, "q4_1": 2}
 KERNEL_TYPES = (MX, NVFP4, GGUF, GroupwiseInt)

@@ -7,7 +7,7 @@ gives), the faults of each plane are applied at their block-form positions
 (``BlockFaults``: codes at ``block * k + slot``, block planes at the block number, the
 tensor plane at 0), the planes are decoded and the values put back in the tensor's shape.
 
-Native kernels (``ops.block_kernels``) run MX, NVFP4, GGUF Q8_0/Q4_0/Q4_1 and GroupwiseInt
+Native kernels (``kernels.block_formats``) run MX, NVFP4, GGUF Q8_0/Q4_0/Q4_1 and GroupwiseInt
 on the tensor's device with the core's float32 operations in the core's order; any other
 ``BlockFormat`` runs the NumPy core on the host (``core_blocks``), so a new core format
 works at once. float16 and float64 tensors go through float32, as the core does.
@@ -26,8 +26,8 @@ from bitfault.formats import BlockFormat, BlockLayout
 from bitfault.formats.blocks import CODES
 from bitfault.maps import FaultMap
 from bitfault.memory.memory import plane_faults
-from bitfault.torch.ops import block_kernels
-from bitfault.torch.ops.generic import apply_fault, f32_to
+from bitfault.torch.kernels import block_formats
+from bitfault.torch.kernels.generic import apply_fault, f32_to
 
 # ---- fault positions in block form ----------------------------------------------------------
 
@@ -172,7 +172,7 @@ def faulty_blocks(x: torch.Tensor, fmt: BlockFormat, fault: FaultModel, faults: 
     tensor like ``x``. ``strict``: NaN, inf or an unstorable scale raise the core's error
     (otherwise they come out as whatever the arithmetic gives)."""
     x32 = x if x.dtype == torch.float32 else x.to(torch.float32)
-    kernel = block_kernels.kernel_for(fmt)
+    kernel = block_formats.kernel_for(fmt)
     if kernel is None or x.numel() == 0:
         out = core_blocks(x32, fmt, fault, faults)
         return out if x.dtype == torch.float32 else f32_to(out, x.dtype)
@@ -190,7 +190,7 @@ def faulty_blocks(x: torch.Tensor, fmt: BlockFormat, fault: FaultModel, faults: 
 
 def native(fmt: BlockFormat) -> bool:
     """Whether ``fmt`` has a native tensor kernel (else the host fallback runs)."""
-    return block_kernels.kernel_for(fmt) is not None
+    return block_formats.kernel_for(fmt) is not None
 
 
 __all__ = ["CODES", "BlockFaults", "block_positions", "core_blocks", "fault_planes_",

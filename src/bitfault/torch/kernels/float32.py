@@ -19,13 +19,13 @@ import torch
 from bitfault.faults.models import FaultModel
 from bitfault.formats import FixedPoint, IntQuant
 from bitfault.formats.intquant import calibrate_f32
-from bitfault.torch.ops.generic import (
+from bitfault.torch.kernels.generic import (
     apply_fault,
     apply_fault_,
     sign_extend,
     sign_extend32,
 )
-from bitfault.torch.ops.intquant import calibrate, fused_f32
+from bitfault.torch.kernels.intquant import calibrate, fused_f32
 
 if TYPE_CHECKING:
     from bitfault.torch.seam import DeviceFaults

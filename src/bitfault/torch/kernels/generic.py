@@ -2,7 +2,7 @@
 dtype, bit for bit what ``bitfault.inject`` does.
 
 The core's pipeline written in float64/int64 tensor ops (IntQuant's float32 arithmetic in
-``ops.intquant``). Words are int64 tensors holding
+``kernels.intquant``). Words are int64 tensors holding
 the stored bit pattern in their low ``fmt.bits`` bits; a fault is one ``xor``/``and``/``or``
 with the mask, which touches only those bits, so the container width never matters.
 
@@ -25,7 +25,7 @@ import torch
 from bitfault.faults.models import BitFlip, FaultModel, StuckAt
 from bitfault.formats import FixedPoint, Float, Format, IntQuant
 from bitfault.formats.minifloat import MiniFloat
-from bitfault.torch.ops.intquant import Calibration, calibrate, codes
+from bitfault.torch.kernels.intquant import Calibration, calibrate, codes
 
 _F16_EXP = 0x7C00
 _F32_EXP = 0x7F800000

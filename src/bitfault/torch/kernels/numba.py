@@ -1,6 +1,6 @@
 """One-pass encode -> fault -> decode for float32 tensors on the CPU, compiled with Numba.
 
-Eager PyTorch runs the float32 fast paths (``ops.float32``) as three to six separate
+Eager PyTorch runs the float32 fast paths (``kernels.float32``) as three to six separate
 passes over the weights (round, check, decode).
 A fault-aware MLP step at batch 100 spends as long on those passes as on its matmuls.
 These kernels do the same arithmetic, in the same precision and order, element by
