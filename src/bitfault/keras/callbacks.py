@@ -8,6 +8,7 @@ from typing import Any
 import keras
 
 from bitfault.keras.layers import FaultyLayer
+from bitfault.keras.targets import sublayers
 from bitfault.maps import FaultMap
 
 
@@ -16,7 +17,7 @@ def faulty_layers(model: keras.Model) -> list[FaultyLayer]:
     found: list[FaultyLayer] = []
 
     def visit(layer: Any) -> None:
-        for sub in layer._flatten_layers(include_self=False, recursive=False):
+        for sub in sublayers(layer):
             if isinstance(sub, FaultyLayer):
                 if sub not in found:
                     found.append(sub)

@@ -29,6 +29,7 @@ from bitfault.faults.models import BitFlip, FaultModel
 from bitfault.formats import Format, gradient_bounds
 from bitfault.keras.layouts import SUPPORTED_LAYERS, Slot, dense_masks, plan_slots
 from bitfault.keras.seam import channel_axis, check_supported, fused, straight_through
+from bitfault.keras.targets import sublayers
 from bitfault.maps import FaultMap
 from bitfault.memory.memory import Memory
 from bitfault.recipes import thresholds_from_activations
@@ -47,14 +48,13 @@ def _leaves(model: keras.Model, prefix: str = "") -> Iterator[tuple[keras.layers
     Wrappers (e.g. ``FaultyLayer``) keep their own name: the inner layer gets the
     wrapper's path, as tensor names do.
     """
-    for layer in model._flatten_layers(include_self=False, recursive=False):
+    for layer in sublayers(model):
         if isinstance(layer, keras.layers.InputLayer):
             continue
         path = f"{prefix}{layer.name}"
         if isinstance(layer, keras.layers.Wrapper):
             yield layer.layer, path
-        elif isinstance(layer, keras.Model) or list(
-                layer._flatten_layers(include_self=False, recursive=False)):
+        elif isinstance(layer, keras.Model) or sublayers(layer):
             yield from _leaves(layer, f"{path}.")
         else:
             yield layer, path

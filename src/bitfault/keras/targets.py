@@ -47,6 +47,26 @@ def is_graph_model(model: Any) -> bool:
         isinstance(model, keras.Model) and type(model).__name__ == "Functional")
 
 
+def sublayers(layer: Any) -> list[keras.layers.Layer]:
+    """The layers ``layer`` holds directly, in the order it made them: a model's ``layers``;
+    for any other layer, the layers among its attributes (a wrapper's ``layer``, an RNN's
+    ``cell``, a Bidirectional's two RNNs, MultiHeadAttention's projections, lists of them)."""
+    if isinstance(layer, keras.Model):
+        return list(layer.layers)
+    found: dict[int, keras.layers.Layer] = {}
+    todo = list(vars(layer).values())
+    while todo:
+        value = todo.pop(0)
+        if isinstance(value, keras.layers.Layer):
+            found.setdefault(id(value), value)
+        elif isinstance(value, (list, tuple)):
+            todo[:0] = list(value)
+        elif isinstance(value, dict):
+            todo[:0] = list(value.values())
+    found.pop(id(layer), None)
+    return list(found.values())
+
+
 def walk_layers(model: keras.Model, prefix: str = "") -> Iterator[tuple[keras.layers.Layer, str]]:
     """Every leaf layer with its dotted path (nested Sequential/Functional models recursed)."""
     for layer in model.layers:
@@ -157,4 +177,4 @@ def select_report(model: keras.Model, targets: TargetsLike = "weights", filter_f
 
 
 __all__ = ["LeftOut", "as_filter", "is_graph_model", "layer_slots", "select_report",
-           "select_tensors", "walk_layers"]
+           "select_tensors", "sublayers", "walk_layers"]
