@@ -5,15 +5,18 @@ The only module that chooses a kernel; every path gives the bits ``bitfault.inje
 * the compiled one-pass CPU loops (``kernels.numba``): float32 on the CPU, FixedPoint
   "saturate" and IntQuant per tensor or per channel along axis 0, when Numba imports
   and ``BITFAULT_NUMBA`` is not ``0``;
-* the float32 fast paths (``kernels.float32``): FixedPoint "saturate", Float("float32") and
-  IntQuant, on any device;
+* the float32 fast paths (``fast_f32`` of ``kernels.fixed``, ``kernels.floats``,
+  ``kernels.intquant``): FixedPoint "saturate", Float("float32"), the saturating small
+  floats and IntQuant, on any device;
 * the generic path (``kernels.generic``): every format, overflow policy and float dtype;
 * block formats: on float32 CPU tensors with Numba, one compiled pass per block for MX,
   NVFP4, GGUF and GroupwiseInt (``kernels.block_numba``); otherwise every plane encoded,
   faulted and decoded in tensor ops (``kernels.blocks``: native kernels for those formats, the
   NumPy core on the host for any other ``BlockFormat``).
 
-bfloat16 goes through float32 and is rounded back by PyTorch's cast. ``inject_``,
+Each format's kernels come from ``kernels.registry`` (``kernels_for(fmt)``), registered by
+format type in its family module. bfloat16 goes through float32 and is rounded back by
+PyTorch's cast. ``inject_``,
 ``fit``, ``quantised_weights`` and ``TorchEvaluator`` all come through here.
 """
 
@@ -23,17 +26,18 @@ import functools
 import os
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from bitfault.faults.models import FaultModel, check_fault_model
-from bitfault.formats import BlockFormat, FixedPoint, Float, Format, IntQuant, is_format
+from bitfault.formats import BlockFormat, Format, is_format
 from bitfault.maps import FaultMap
 from bitfault.memory.memory import check_map_fits
-from bitfault.torch.kernels import block_formats, block_numba, float32, generic, numba
+from bitfault.torch.kernels import block_numba, generic, numba
 from bitfault.torch.kernels import blocks as block_ops
+from bitfault.torch.kernels.device import DeviceFaults
+from bitfault.torch.kernels.registry import kernels_for
 from bitfault.torch.storable import outside, storable_bounds
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -44,96 +48,6 @@ def check_float_dtype(dtype: torch.dtype, argument: str) -> None:
     if dtype not in FLOAT_DTYPES:
         raise TypeError(f"{argument} has dtype {dtype}; fault injection needs a floating tensor: "
                         f"one of float16, bfloat16, float32, float64")
-
-
-# ---- fault positions on a device ----------------------------------------------------------
-
-@dataclass(frozen=True)
-class DeviceFaults:
-    """Fault positions of one or more tensors laid end to end, on one device.
-
-    ``index``: flat element indices (int64) into the concatenation; ``masks``: the
-    faulty bits of each (int64, restricted to the bits the fault model may touch;
-    entries left without any are dropped); ``offsets``/``sizes``: where each
-    tensor starts and how many elements it has; ``spans[i]``: the slice of
-    ``index``/``masks`` that belongs to tensor ``i``. For a block format (``of``),
-    ``blocks[i]``: tensor ``i``'s faults in every plane, in block form
-    (``kernels.blocks.BlockFaults``).
-    """
-
-    index: torch.Tensor
-    masks: torch.Tensor
-    masks32: torch.Tensor  # the same bits in int32 (bit 31 as the sign)
-    offsets: tuple[int, ...]
-    sizes: tuple[int, ...]
-    spans: tuple[tuple[int, int], ...]
-    blocks: tuple[block_ops.BlockFaults, ...] = ()
-
-    @classmethod
-    def of(cls, maps: Sequence[FaultMap], fmt: Format, fault: FaultModel,
-           device: torch.device | str) -> DeviceFaults:
-        """The faults of ``maps`` (one per tensor, in order) stored in ``fmt`` on ``device``,
-        restricted to the bits ``fault`` may touch in each plane: what every caller builds."""
-        faults = cls.build(maps, fault.eligible_mask(fmt), device)
-        if not isinstance(fmt, BlockFormat):
-            return faults
-        per_tensor = tuple(block_ops.BlockFaults.of(m, fmt, fault, device) for m in maps)
-        return cls(faults.index, faults.masks, faults.masks32, faults.offsets, faults.sizes,
-                   faults.spans, per_tensor)
-
-    @classmethod
-    def build(cls, maps: Sequence[FaultMap], eligible_mask: int,
-              device: torch.device | str) -> DeviceFaults:
-        """The faults of ``maps`` (one per tensor, in order) on ``device``, restricted to
-        the bits of ``eligible_mask``."""
-        idx_parts, mask_parts, offsets, sizes, spans = [], [], [], [], []
-        offset = start = 0
-        for fmap in maps:
-            masks = fmap.masks & np.uint32(eligible_mask)
-            keep = masks != 0
-            idx_parts.append(fmap.indices[keep] + offset)
-            mask_parts.append(masks[keep].astype(np.int64))
-            offsets.append(offset)
-            sizes.append(fmap.size)
-            spans.append((start, start + int(keep.sum())))
-            start = spans[-1][1]
-            offset += fmap.size
-        index = np.concatenate(idx_parts) if idx_parts else np.zeros(0, np.int64)
-        masks = np.concatenate(mask_parts) if mask_parts else np.zeros(0, np.int64)
-        return cls(torch.from_numpy(index.astype(np.int64, copy=False)).to(device),
-                   torch.from_numpy(masks).to(device),
-                   torch.from_numpy(masks.astype(np.uint32).view(np.int32)).to(device),
-                   tuple(offsets), tuple(sizes), tuple(spans))
-
-    def masks_as(self, dtype: torch.dtype) -> torch.Tensor:
-        """The masks in a narrower signed container (same low bits), cached."""
-        if dtype == torch.int32:
-            return self.masks32
-        cache = self.__dict__.setdefault("_narrow", {})
-        if dtype not in cache:
-            cache[dtype] = self.masks32.to(dtype)  # wraps: keeps the low bits
-        return cache[dtype]
-
-    def host_parts(self) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Per tensor: (flat indices relative to it, int64 masks) as NumPy arrays, cached
-        (the fused CPU kernels' form; the tensors must be on the CPU)."""
-        parts = self.__dict__.get("_host_parts")
-        if parts is None:
-            index, masks = self.index.numpy(), self.masks.numpy()
-            parts = self.__dict__["_host_parts"] = [
-                (np.ascontiguousarray(index[a:b] - o), np.ascontiguousarray(masks[a:b]))
-                for (a, b), o in zip(self.spans, self.offsets, strict=True)]
-        return parts
-
-    def part(self, i: int) -> DeviceFaults:
-        """The faults of tensor ``i`` alone (indices relative to it)."""
-        if len(self.sizes) == 1:
-            return self
-        a, b = self.spans[i]
-        index = self.index[a:b]
-        return DeviceFaults(index - self.offsets[i] if self.offsets[i] else index,
-                            self.masks[a:b], self.masks32[a:b], (0,), (self.sizes[i],),
-                            ((0, b - a),), self.blocks[i:i + 1])
 
 
 # ---- the compiled CPU kernels (Numba) ---------------------------------------------------
@@ -150,35 +64,24 @@ def numba_available() -> bool:
     return True
 
 
-def _compiled_format(fmt: Format, ndim: int) -> bool:
-    """FixedPoint with overflow "saturate", and IntQuant per tensor or per channel along
-    axis 0 (a weight's output channels); ValueError for an axis the tensor lacks."""
-    if isinstance(fmt, FixedPoint):
-        return fmt.overflow == "saturate"
-    if not isinstance(fmt, IntQuant):
-        return False
-    if fmt.axis is None:
-        return True
-    fmt.reduce_axes(ndim)
-    return fmt.axis % ndim == 0
-
-
 def compiled_for(x: torch.Tensor, fmt: Format) -> bool:
     """Whether the compiled CPU kernels (``kernels.numba``) compute ``x`` in ``fmt``: float32 on
     the CPU, Numba available, a format they support."""
-    return x.dtype == torch.float32 and x.device.type == "cpu" and numba_available() and \
-        _compiled_format(fmt, x.ndim)
+    if not (x.dtype == torch.float32 and x.device.type == "cpu" and numba_available()):
+        return False
+    compiled = kernels_for(fmt).compiled
+    return compiled is not None and compiled.accepts(fmt, x.ndim)
 
 
 def block_compiled_for(x: torch.Tensor, fmt: Format) -> bool:
     """Whether the compiled block kernels (``kernels.block_numba``) compute ``x`` in block format
     ``fmt``: a non-empty float32 CPU tensor, Numba available, MX, NVFP4, GGUF or GroupwiseInt."""
-    return isinstance(fmt, BlockFormat) and block_numba.compiled(fmt) and \
+    return block_numba.compiled(fmt) and \
         x.dtype == torch.float32 and x.device.type == "cpu" and x.numel() > 0 and \
         numba_available()
 
 
-def compiled_pass(fmt: FixedPoint | IntQuant, fault: FaultModel,
+def compiled_pass(fmt: Format, fault: FaultModel,
                   fmap: FaultMap) -> Callable[[np.ndarray, np.ndarray], bool]:
     """The compiled kernel of one map, for a tensor ``compiled_for`` accepts: ``call(x, out)``
     writes the faulty values of the flat float32 ``x`` into the flat float32 ``out``;
@@ -193,7 +96,7 @@ class _FusedPass:
 
     def __init__(self, fmt: Format, fault: FaultModel, faults: DeviceFaults,
                  shapes: Sequence[tuple[int, ...]]) -> None:
-        if isinstance(fmt, BlockFormat):  # one compiled pass per block
+        if kernels_for(fmt).blocks:  # one compiled pass per block
             self.calls = [block_numba.bind(fmt, fault, f) for f in faults.blocks]
         else:
             self.calls = [numba.bind(fmt, fault, index, masks, shape)  # type: ignore[arg-type]
@@ -261,18 +164,15 @@ def _fused_group(xs: Sequence[torch.Tensor], fmt: Format, fault: FaultModel,
 
 # ---- entry points -------------------------------------------------------------------------
 
-def _fast_elementwise(fmt: Format) -> bool:
-    return (isinstance(fmt, FixedPoint) and fmt.overflow == "saturate") or (
-        isinstance(fmt, Float) and fmt.dtype == "float32")
-
-
 def faulty_group(xs: Sequence[torch.Tensor], fmt: Format, fault: FaultModel, faults: DeviceFaults,
                  strict: bool = False, buffers: dict | None = None,
                  reuse_output: bool = False) -> list[torch.Tensor]:
     """Faulty copies of tensors ``xs`` (one dtype, one device) under ``faults``.
 
     Elementwise formats on float32 run as one flat pass over all the tensors;
-    bfloat16 goes through float32 and is rounded back by PyTorch's cast.
+    Each format's kernels come from ``kernels.registry`` (``kernels_for(fmt)``), registered by
+format type in its family module. bfloat16 goes through float32 and is rounded back by
+PyTorch's cast.
     ``buffers``: a dict the caller keeps between calls, where host scratch is reused.
     ``reuse_output``: the fused CPU kernels may write into the output of the previous call
     with the same ``faults`` once nothing else holds it; the tensors returned are then that
@@ -281,7 +181,8 @@ def faulty_group(xs: Sequence[torch.Tensor], fmt: Format, fault: FaultModel, fau
     if not xs:
         return []
     dtype = xs[0].dtype
-    if isinstance(fmt, BlockFormat):
+    kernels = kernels_for(fmt)
+    if kernels.blocks:
         if len(faults.blocks) != len(xs):
             raise ValueError("faults for a block format come from DeviceFaults.of(maps, fmt, "
                              "fault, device)")
@@ -299,22 +200,14 @@ def faulty_group(xs: Sequence[torch.Tensor], fmt: Format, fault: FaultModel, fau
         outs = faulty_group([x.to(torch.float32) for x in xs], fmt, fault, faults, strict,
                             buffers)
         return [o.to(torch.bfloat16) for o in outs]
-    if (not strict or not isinstance(fmt, IntQuant)) and all(compiled_for(x, fmt) for x in xs):
+    compiled = kernels.compiled
+    if compiled is not None and (not strict or compiled.strict) and \
+            all(compiled_for(x, fmt) for x in xs):
         return _fused_group(xs, fmt, fault, faults, reuse_output)[0]
-    if dtype == torch.float32 and _fast_elementwise(fmt):
-        if isinstance(fmt, FixedPoint):
-            out = float32.faulty_fixed_point_f32(xs, fmt, fault, faults)
-        else:
-            flat = torch.cat([x.reshape(-1) for x in xs]) if len(xs) > 1 else xs[0].reshape(-1)
-            out = float32.faulty_float32_f32(flat, fault, faults)
-        spans = zip(xs, faults.offsets, faults.sizes, strict=True)
-        return [out[o:o + n].view(x.shape) for x, o, n in spans]
-    if dtype == torch.float32 and isinstance(fmt, Float) and fmt.codec is not None and \
-            fmt.overflow == "saturate":  # the small floats: the core's rounding table
-        return [block_formats.faulty_small_float(x, fmt.dtype, fault, p.index, p.masks)
-                for x, p in ((x, faults.part(i)) for i, x in enumerate(xs))]
-    if dtype == torch.float32 and isinstance(fmt, IntQuant) and not strict:
-        return float32.faulty_int_quant_f32(xs, fmt, fault, faults, buffers)
+    if dtype == torch.float32 and kernels.fast_f32 is not None:
+        outs = kernels.fast_f32(xs, fmt, fault, faults, buffers, strict)
+        if outs is not None:
+            return outs
     outs = []
     for i, x in enumerate(xs):
         part = faults.part(i)
@@ -335,7 +228,7 @@ def checked_group(xs: Sequence[torch.Tensor], fmt: Format, fault: FaultModel,
     # the answer is kept with the faults (whose shapes are fixed)
     known = faults.__dict__.get("_compiled")
     if known is None or known[0] != kind:
-        compiled = not isinstance(fmt, BlockFormat) and all(compiled_for(x, fmt) for x in xs)
+        compiled = not kernels_for(fmt).blocks and all(compiled_for(x, fmt) for x in xs)
         faults.__dict__["_compiled"] = known = (kind, compiled)
     if known[1]:
         return _fused_group(xs, fmt, fault, faults, reuse_output, check=True)
@@ -372,7 +265,7 @@ def inject_tensor(x: torch.Tensor, fmt: Format, fault: FaultModel, fmap: FaultMa
                         f"format), got {fmt!r}")
     check_fault_model(fault)
     check_map_fits(fmap, tuple(x.shape), fmt)
-    if compiled_for(x, fmt) and not isinstance(fmt, BlockFormat):  # straight from the map
+    if compiled_for(x, fmt) and not kernels_for(fmt).blocks:  # straight from the map
         out = torch.empty(tuple(x.shape), dtype=torch.float32)
         if compiled_pass(fmt, fault, fmap)(x.detach().reshape(-1).numpy(),
                                            out.view(-1).numpy()):

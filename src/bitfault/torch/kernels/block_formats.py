@@ -28,6 +28,7 @@ from bitfault.formats.minifloat import SMALL_FLOATS
 from bitfault.formats.mx import EMAX_ELEM, MX, round_to_element
 from bitfault.formats.nvfp4 import NVFP4, TENSOR_DIVISOR
 from bitfault.torch.kernels.generic import apply_fault, f16_to_f32, sign_extend32
+from bitfault.torch.kernels.registry import kernels_for, register
 
 Planes = dict[str, torch.Tensor]
 
@@ -253,20 +254,18 @@ def _groupwise_storable(fmt: GroupwiseInt, planes: Planes) -> bool:
     return not bool(((planes["scale"] & 0x7C00) == 0x7C00).any())  # an fp16 inf: too large
 
 
-KERNELS: dict[type, Kernel] = {
-    MX: Kernel(_mx_encode, _mx_decode),  # type: ignore[arg-type]
-    NVFP4: Kernel(_nvfp4_encode, _nvfp4_decode),  # type: ignore[arg-type]
-    GGUF: Kernel(_gguf_encode, _gguf_decode),  # type: ignore[arg-type]
-    GroupwiseInt: Kernel(_groupwise_encode, _groupwise_decode,  # type: ignore[arg-type]
-                         _groupwise_storable),  # type: ignore[arg-type]
-}
+register(MX, exact=True, block=Kernel(_mx_encode, _mx_decode))  # type: ignore[arg-type]
+register(NVFP4, exact=True, block=Kernel(_nvfp4_encode, _nvfp4_decode))  # type: ignore[arg-type]
+register(GGUF, exact=True, block=Kernel(_gguf_encode, _gguf_decode))  # type: ignore[arg-type]
+register(GroupwiseInt, exact=True,  # type: ignore[arg-type]
+         block=Kernel(_groupwise_encode, _groupwise_decode, _groupwise_storable))  # type: ignore[arg-type]
 
 
 def kernel_for(fmt: BlockFormat) -> Kernel | None:
     """The native kernel of ``fmt``'s exact type (a subclass may change the arithmetic: it
     gets the host fallback), or None."""
-    return KERNELS.get(type(fmt))
+    return kernels_for(fmt).block
 
 
-__all__ = ["KERNELS", "Kernel", "decode_small", "encode_small", "faulty_small_float",
+__all__ = ["Kernel", "decode_small", "encode_small", "faulty_small_float",
            "kernel_for"]

@@ -32,15 +32,15 @@ from bitfault.formats.nvfp4 import NVFP4
 from bitfault.torch.kernels import block_loops
 from bitfault.torch.kernels.blocks import BlockFaults
 from bitfault.torch.kernels.numba import fault_op
+from bitfault.torch.kernels.registry import kernels_for, register
 
 _GGUF = {"q8_0": 0, "q4_0": 1, "q4_1": 2}
-KERNEL_TYPES = (MX, NVFP4, GGUF, GroupwiseInt)
 
 
 def compiled(fmt: BlockFormat) -> bool:
     """Whether ``fmt``'s exact type has a compiled kernel (a subclass may change the
     arithmetic: it does not)."""
-    return type(fmt) in KERNEL_TYPES
+    return kernels_for(fmt).block_bind is not None
 
 
 # ---- the core's tables as arrays ------------------------------------------------------------
@@ -76,7 +76,7 @@ _JIT = {"boundscheck": False, "error_model": "numpy"}
 
 
 @functools.cache
-def _kernels() -> dict[type, Callable]:
+def _kernels() -> dict[str, Callable]:
     """Compile on first use (cached on disk where Numba can write): the helpers first,
     inlined into the loops."""
     import numba
@@ -91,8 +91,7 @@ def _kernels() -> dict[type, Callable]:
         warnings.simplefilter("ignore")  # Numba's notes on caching
         for name in block_loops.HELPERS:
             setattr(block_loops, name, jit(getattr(block_loops, name), inline="always"))
-        loops = [jit(getattr(block_loops, name)) for name in block_loops.KERNELS]
-        return dict(zip((MX, NVFP4, GGUF, GroupwiseInt), loops, strict=True))
+        return {name: jit(getattr(block_loops, name)) for name in block_loops.KERNELS}
 
 
 def _small(name: str) -> tuple:
@@ -100,21 +99,33 @@ def _small(name: str) -> tuple:
     return table, np.uint32(shift), np.uint32(key_mask), decode_table(name)
 
 
-def _format_args(fmt: BlockFormat) -> tuple:
-    """The format's constants and tables, in the kernel's order after ``op``."""
-    if isinstance(fmt, MX):
-        e8m0 = decode_table("float8_e8m0fnu")
-        if fmt.element == "int8":
-            none = np.zeros(1, np.uint8), np.uint32(0), np.uint32(0), np.zeros(1, np.float32)
-            return True, EMAX_ELEM["int8"], *none, 0xFF, e8m0
-        bits = SMALL_FLOATS[fmt.element].bits
-        return False, EMAX_ELEM[fmt.element], *_small(fmt.element), (1 << bits) - 1, e8m0
-    if isinstance(fmt, NVFP4):
-        return (*_small("float4_e2m1fn"), *_small("float8_e4m3fn"))
-    if isinstance(fmt, GGUF):
-        return _GGUF[fmt.type], decode_table("float16")
+# the format's constants and tables, in its loop's order after ``op``
+
+def _mx_args(fmt: MX) -> tuple:
+    e8m0 = decode_table("float8_e8m0fnu")
+    if fmt.element == "int8":
+        none = np.zeros(1, np.uint8), np.uint32(0), np.uint32(0), np.zeros(1, np.float32)
+        return True, EMAX_ELEM["int8"], *none, 0xFF, e8m0
+    bits = SMALL_FLOATS[fmt.element].bits
+    return False, EMAX_ELEM[fmt.element], *_small(fmt.element), (1 << bits) - 1, e8m0
+
+
+def _nvfp4_args(fmt: NVFP4) -> tuple:
+    return (*_small("float4_e2m1fn"), *_small("float8_e4m3fn"))
+
+
+def _gguf_args(fmt: GGUF) -> tuple:
+    return _GGUF[fmt.type], decode_table("float16")
+
+
+def _groupwise_args(fmt: GroupwiseInt) -> tuple:
     lo, hi = fmt.code_range
     return fmt.symmetric, fmt.bits, lo, hi, decode_table("float16")
+
+
+_LOOPS: dict[type, tuple[str, Callable[..., tuple]]] = {  # by exact type, as registered
+    MX: ("mx_kernel", _mx_args), NVFP4: ("nvfp4_kernel", _nvfp4_args),
+    GGUF: ("gguf_kernel", _gguf_args), GroupwiseInt: ("groupwise_kernel", _groupwise_args)}
 
 
 _END = np.int64(2**62)  # past every position: the kernels' lists end with it
@@ -157,11 +168,12 @@ def bind(fmt: BlockFormat, fault: FaultModel, faults: BlockFaults
     float32 ``out`` to decode(fault(encode(x))) of the flat float32 ``x`` (C order, the
     shape of ``faults.layout``); False when a GroupwiseInt scale does not fit float16
     (where the core raises). A block axis other than the last is moved last first."""
-    kernel = _kernels()[type(fmt)]
+    name, format_args = _LOOPS[type(fmt)]
+    kernel = _kernels()[name]
     lay = faults.layout
     rows = lay.n_blocks // lay.n_blocks_per_row if lay.n_blocks else 0
     args = (rows, lay.length, lay.k, lay.n_blocks_per_row, *_fault_arrays(fmt, faults),
-            fault_op(fault), *_format_args(fmt))
+            fault_op(fault), *format_args(fmt))
     if lay.axis == len(lay.shape) - 1:
         def call(x: np.ndarray, out: np.ndarray) -> bool:
             return bool(kernel(x, out, *args))
@@ -179,4 +191,7 @@ def bind(fmt: BlockFormat, fault: FaultModel, faults: BlockFaults
     return call_moved
 
 
-__all__ = ["KERNEL_TYPES", "bind", "compiled", "decode_table", "encode_table"]
+for _type in _LOOPS:
+    register(_type, exact=True, block_bind=bind)
+
+__all__ = ["bind", "compiled", "decode_table", "encode_table"]

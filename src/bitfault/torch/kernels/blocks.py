@@ -28,6 +28,7 @@ from bitfault.maps import FaultMap
 from bitfault.memory.memory import plane_faults
 from bitfault.torch.kernels import block_formats
 from bitfault.torch.kernels.generic import apply_fault, f32_to
+from bitfault.torch.kernels.registry import register
 
 # ---- fault positions in block form ----------------------------------------------------------
 
@@ -192,6 +193,8 @@ def native(fmt: BlockFormat) -> bool:
     """Whether ``fmt`` has a native tensor kernel (else the host fallback runs)."""
     return block_formats.kernel_for(fmt) is not None
 
+
+register(BlockFormat, blocks=True)  # stored as planes in blocks (``BlockFaults``)
 
 __all__ = ["CODES", "BlockFaults", "block_positions", "core_blocks", "fault_planes_",
            "faulty_blocks", "from_blocks", "native", "to_blocks"]

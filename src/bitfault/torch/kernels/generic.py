@@ -1,8 +1,9 @@
 """Encode -> fault -> decode in generic tensor ops: every format, overflow policy and float
 dtype, bit for bit what ``bitfault.inject`` does.
 
-The core's pipeline written in float64/int64 tensor ops (IntQuant's float32 arithmetic in
-``kernels.intquant``). Words are int64 tensors holding
+The core's pipeline written in float64/int64 tensor ops; each format's own encode and
+decode register in its family module (``kernels.fixed``, ``kernels.intquant``,
+``kernels.floats``) and are found through ``kernels.registry``. Words are int64 tensors holding
 the stored bit pattern in their low ``fmt.bits`` bits; a fault is one ``xor``/``and``/``or``
 with the mask, which touches only those bits, so the container width never matters.
 
@@ -16,16 +17,15 @@ reach the result.
 
 from __future__ import annotations
 
-import functools
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
 from bitfault.faults.models import BitFlip, FaultModel, StuckAt
-from bitfault.formats import FixedPoint, Float, Format, IntQuant
-from bitfault.formats.minifloat import MiniFloat
-from bitfault.torch.kernels.intquant import Calibration, calibrate, codes
+from bitfault.formats import Format
+from bitfault.torch.kernels.registry import kernels_for, registered
 
 _F16_EXP = 0x7C00
 _F32_EXP = 0x7F800000
@@ -180,7 +180,7 @@ def apply_fault(words: torch.Tensor, masks: torch.Tensor, fault: FaultModel) -> 
 
 # ---- the pipeline ------------------------------------------------------------------------
 
-def _round(y: torch.Tensor, rounding: str) -> torch.Tensor:
+def round_codes(y: torch.Tensor, rounding: str) -> torch.Tensor:
     if rounding == "nearest":
         return torch.round(y)  # half to even, as np.rint
     return torch.div(y, 1.0, rounding_mode="trunc")
@@ -192,7 +192,7 @@ def _first_bad(bad: torch.Tensor, x: torch.Tensor) -> tuple[tuple[int, ...], flo
     return index, float(x.reshape(-1)[flat])
 
 
-def _to_int_range(y: torch.Tensor, lo: int, hi: int, overflow: str, x: torch.Tensor,
+def to_int_range(y: torch.Tensor, lo: int, hi: int, overflow: str, x: torch.Tensor,
                   what: str) -> torch.Tensor:
     """The core's ``_to_int_range`` on float64 tensors: int64 codes in [lo, hi]."""
     if overflow == "error":
@@ -213,113 +213,61 @@ def _to_int_range(y: torch.Tensor, lo: int, hi: int, overflow: str, x: torch.Ten
     return y.clamp(lo, hi).to(torch.int64)
 
 
-_NUMPY_FLOATS = {torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64}
+
+_ZEROS: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
 
-@functools.cache
-def _small_float_tables(codec: MiniFloat, device: torch.device
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
-    return (torch.from_numpy(codec.midpoints).to(device),
-            torch.from_numpy(codec.tie_up).to(device))
+def positive_zero(device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A cached 0-dim +0.0: ``torch.add(zero, t, alpha=a)`` scales and turns -0.0 into +0.0."""
+    z = _ZEROS.get((device, dtype))
+    if z is None:
+        z = _ZEROS[(device, dtype)] = torch.zeros((), dtype=dtype, device=device)
+    return z
 
 
-@functools.cache
-def _decode_table(codec: MiniFloat, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    return torch.from_numpy(codec.decode_table(_NUMPY_FLOATS[dtype]).copy()).to(device)
+def scratch(buffers: dict | None, n: int, dtype: torch.dtype,
+             device: torch.device) -> torch.Tensor:
+    """A flat scratch tensor of ``n`` elements, kept in ``buffers`` between calls on the host.
+
+    A fresh multi-megabyte host tensor is fresh pages from the OS, and faulting them
+    in costs as much as the arithmetic. Only scratch that never leaves the kernel is
+    kept: a tensor handed out may still be alive (autograd saves it) when the next
+    call comes.
+    """
+    if buffers is None or device.type != "cpu":
+        return torch.empty(n, dtype=dtype, device=device)
+    key = ("scratch", n, dtype, device)
+    b = buffers.get(key)
+    if b is None:
+        if len(buffers) > 16:  # sizes come and go
+            buffers.clear()
+        b = buffers[key] = torch.empty(n, dtype=dtype, device=device)
+    return b
 
 
-def encode_small_float(x: torch.Tensor, fmt: Float) -> torch.Tensor:
-    """The small float codes of ``x`` (``MiniFloat.encode`` on the device): round against
-    the midpoints (``searchsorted``), exact ties by the codec's rule, then the policy."""
-    codec = fmt.codec
-    assert codec is not None
-    n = codec.n_finite
-    x64 = x.to(torch.float64)  # exact from float16/float32
-    a = x64.abs()
-    mid, tie_up = _small_float_tables(codec, x.device)
-    idx = torch.searchsorted(mid, a.reshape(-1), side="left").reshape(a.shape)
-    at = idx.clamp(max=n - 1)
-    idx = idx + ((idx < n) & (a == mid[at]) & tie_up[at]).to(torch.int64)
-    sign = torch.where(torch.signbit(x64), codec.sign_bit, 0) if codec.signed else 0
-    codes = idx | sign
-    nan = torch.isnan(x64)
-    low = ~nan & (x64 <= 0) if not codec.signed else torch.zeros_like(nan)
-    over = ~nan & ~low & (idx >= n)
-    keep_inf = over & torch.isinf(x64) if codec.has_infinity and fmt.overflow != "saturate" \
-        else torch.zeros_like(nan)
-    mapped = over & ~keep_inf
-    if fmt.overflow == "error":
-        bad = mapped | low | (nan if codec.nan_code is None else torch.zeros_like(nan))
-        if bool(bad.any()):
-            codec.check_storable(bad.cpu().numpy(), x64.cpu().numpy())
-    if fmt.overflow == "nan":
-        target = codec.inf_code if codec.has_infinity else codec.nan_code
-    else:
-        target = n - 1
-    codes = torch.where(mapped, sign | target, codes)
-    codes = torch.where(keep_inf, sign | n, codes)
-    codes = torch.where(low, codec.nan_code if fmt.overflow == "nan" else 0, codes)
-    nan_stored = 0 if codec.nan_code is None else sign | codec.nan_code
-    return torch.where(nan, nan_stored, codes)
+def split(out: torch.Tensor, xs: Sequence[torch.Tensor], offsets: Sequence[int],
+          sizes: Sequence[int]) -> list[torch.Tensor]:
+    """The views of flat ``out`` that hold each tensor of ``xs`` (at ``offsets``, ``sizes``
+    elements), shaped like it."""
+    spans = zip(xs, offsets, sizes, strict=True)
+    return [out[o:o + n].view(x.shape) for x, o, n in spans]
 
 
-def decode_small_float(words: torch.Tensor, fmt: Float, dtype: torch.dtype) -> torch.Tensor:
-    """Floats of ``dtype`` from small float words: the codec's decode table, looked up."""
-    codec = fmt.codec
-    assert codec is not None
-    return _decode_table(codec, dtype, words.device)[words & fmt.word_mask]
-
-
-def encode(x: torch.Tensor, fmt: Format, calib: Calibration | None = None) -> torch.Tensor:
+def encode(x: torch.Tensor, fmt: Format, calib: object = None) -> torch.Tensor:
     """Words: int64 tensors holding the stored bit patterns in the low ``fmt.bits`` bits."""
-    if isinstance(fmt, FixedPoint):
-        y = _round(x.to(torch.float64) * 2.0**fmt.frac, fmt.rounding)
-        lo, hi = fmt.code_range
-        return _to_int_range(y, lo, hi, fmt.overflow, x, f"FixedPoint{fmt.q_name}") & fmt.word_mask
-    if isinstance(fmt, IntQuant):
-        if calib is None:
-            raise ValueError("IntQuant needs a calibration (scale and zero point)")
-        lo, hi = fmt.code_range
-        q = _to_int_range(codes(x, fmt, calib), lo, hi, "saturate", x, "IntQuant")
-        return (q + fmt.code_offset) & fmt.word_mask
-    if isinstance(fmt, Float) and fmt.codec is not None:
-        return encode_small_float(x, fmt)
-    if isinstance(fmt, Float):
-        if fmt.dtype == "float16":
-            return to_f16(x).view(torch.int16).to(torch.int64) & 0xFFFF
-        f = to_f32(x)
-        u = f.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-        if fmt.dtype == "float32":
-            return u
-        rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
-        top = torch.where(torch.isnan(f), (u >> 16) | 0x0040, rounded)
-        return top & 0xFFFF
-    raise TypeError(f"fmt must be FixedPoint, IntQuant or Float, got {fmt!r}")
+    kernel = kernels_for(fmt).encode
+    if kernel is None:
+        raise TypeError(f"fmt must be one of {', '.join(registered('encode'))}, got {fmt!r}")
+    return kernel(x, fmt, calib)
 
 
-def decode(words: torch.Tensor, fmt: Format, calib: Calibration | None, dtype: torch.dtype
+def decode(words: torch.Tensor, fmt: Format, calib: object, dtype: torch.dtype
            ) -> torch.Tensor:
     """Floats of ``dtype`` from words, reading only the low ``fmt.bits`` bits."""
-    if isinstance(fmt, FixedPoint):
-        codes = sign_extend(words & fmt.word_mask, fmt.bits)
-        return f64_to(codes.to(torch.float64) * 2.0**-fmt.frac, dtype)
-    if isinstance(fmt, IntQuant):
-        if calib is None:
-            raise ValueError("IntQuant needs a calibration (scale and zero point)")
-        low = words & fmt.word_mask
-        stored = sign_extend(low, fmt.bits) if fmt.codes == "signed" else low
-        q = stored - fmt.code_offset - calib.zero  # (q - z) * s rounded once, as the core
-        return f64_to(q.to(torch.float64) * calib.scale.to(torch.float64), dtype)
-    if isinstance(fmt, Float) and fmt.codec is not None:
-        return decode_small_float(words, fmt, dtype)
-    if isinstance(fmt, Float):
-        if fmt.dtype == "float16":
-            h = sign_extend(words & 0xFFFF, 16).to(torch.int16).view(torch.float16)
-            return f16_to(h, dtype)
-        low = words & 0xFFFFFFFF if fmt.dtype == "float32" else (words & 0xFFFF) << 16
-        f = sign_extend(low, 32).to(torch.int32).view(torch.float32)
-        return f32_to(f, dtype)
-    raise TypeError(f"fmt must be FixedPoint, IntQuant or Float, got {fmt!r}")
+    kernel = kernels_for(fmt).decode
+    if kernel is None:
+        raise TypeError(f"fmt must be one of {', '.join(registered('decode'))}, got {fmt!r}")
+    return kernel(words, fmt, calib, dtype)
 
 
 def faulty_generic(x: torch.Tensor, fmt: Format, fault: FaultModel, index: torch.Tensor,
@@ -330,7 +278,8 @@ def faulty_generic(x: torch.Tensor, fmt: Format, fault: FaultModel, index: torch
     raises ValueError when ``strict`` (as the core does) and comes out all NaN
     otherwise.
     """
-    calib = calibrate(x, fmt) if isinstance(fmt, IntQuant) else None
+    calibrate = kernels_for(fmt).calibrate
+    calib = calibrate(x, fmt) if calibrate is not None else None
     if calib is not None and strict and not bool(calib.finite):
         fmt.calibrate(x.detach().cpu().numpy())  # raises the core's error, word for word
         raise AssertionError("IntQuant: a calibration the core accepts came out non-finite")

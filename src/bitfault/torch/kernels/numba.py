@@ -1,6 +1,6 @@
 """One-pass encode -> fault -> decode for float32 tensors on the CPU, compiled with Numba.
 
-Eager PyTorch runs the float32 fast paths (``kernels.float32``) as three to six separate
+Eager PyTorch runs the float32 fast paths (``fast_f32`` of each family) as three to six separate
 passes over the weights (round, check, decode).
 A fault-aware MLP step at batch 100 spends as long on those passes as on its matmuls.
 These kernels do the same arithmetic, in the same precision and order, element by
@@ -27,6 +27,7 @@ import numpy as np
 from bitfault.faults.models import BitFlip, FaultModel, StuckAt
 from bitfault.formats import FixedPoint, IntQuant
 from bitfault.maps import FaultMap
+from bitfault.torch.kernels.registry import Compiled, kernels_for, register, registered
 
 _MIN_SCALE32 = np.float32(IntQuant.min_scale)  # a global: a compile-time constant in the kernel
 _HOW = {"after": 0, "fused": 1, "float32": 2}
@@ -247,18 +248,32 @@ def bind(fmt: FixedPoint | IntQuant, fault: FaultModel, index: np.ndarray, masks
     IntQuant takes its scale and zero point from ``x`` (one, or one per slice along axis 0
     of the tensor's ``shape``; float32 arithmetic as the core's).
     """
+    compiled = kernels_for(fmt).compiled
+    if compiled is None:
+        raise TypeError(f"no compiled kernel for {fmt!r}; formats with one: "
+                        f"{', '.join(registered('compiled'))}")
+    return compiled.bind(fmt, fault, index, masks, shape)
+
+
+def _bind_fixed_point(fmt: FixedPoint, fault: FaultModel, index: np.ndarray,
+                      masks: np.ndarray, shape: tuple[int, ...]) -> Callable[..., bool]:
     op, nearest, shift = fault_op(fault), fmt.rounding == "nearest", 64 - fmt.bits
     lo, hi = fmt.code_range
-    if isinstance(fmt, FixedPoint):
-        kernel = _kernels()["fixed"]
-        consts = (op, nearest, np.float32(2.0**fmt.frac), np.float32(2.0**-fmt.frac),
-                  np.float32(lo), np.float32(hi), hi, shift)
-        x_lo, x_hi = inward_f32(*fmt.range)
+    kernel = _kernels()["fixed"]
+    consts = (op, nearest, np.float32(2.0**fmt.frac), np.float32(2.0**-fmt.frac),
+              np.float32(lo), np.float32(hi), hi, shift)
+    x_lo, x_hi = inward_f32(*fmt.range)
 
-        def fixed_point(x: np.ndarray, out: np.ndarray, check: bool = False) -> bool:
-            return kernel(x, out, index, masks, *consts, check, x_lo, x_hi)
+    def fixed_point(x: np.ndarray, out: np.ndarray, check: bool = False) -> bool:
+        return kernel(x, out, index, masks, *consts, check, x_lo, x_hi)
 
-        return fixed_point
+    return fixed_point
+
+
+def _bind_int_quant(fmt: IntQuant, fault: FaultModel, index: np.ndarray, masks: np.ndarray,
+                    shape: tuple[int, ...]) -> Callable[..., bool]:
+    op, nearest, shift = fault_op(fault), fmt.rounding == "nearest", 64 - fmt.bits
+    lo, hi = fmt.code_range
     kernel = _kernels()["int"]
     channels = shape[0] if fmt.axis is not None and shape else 1
     consts = (op, nearest, fmt.symmetric, _HOW[fmt.zero_point_add], float(lo), float(hi),
@@ -273,6 +288,20 @@ def bind(fmt: FixedPoint | IntQuant, fault: FaultModel, index: np.ndarray, masks
     return int_quant
 
 
+def _fixed_point_accepts(fmt: FixedPoint, ndim: int) -> bool:
+    """Overflow "saturate" only."""
+    return fmt.overflow == "saturate"
+
+
+def _int_quant_accepts(fmt: IntQuant, ndim: int) -> bool:
+    """Per tensor, or per channel along axis 0 (a weight's output channels); ValueError for
+    an axis the tensor lacks."""
+    if fmt.axis is None:
+        return True
+    fmt.reduce_axes(ndim)
+    return fmt.axis % ndim == 0
+
+
 def bind_map(fmt: FixedPoint | IntQuant, fault: FaultModel,
              fmap: FaultMap) -> Callable[[np.ndarray, np.ndarray], bool]:
     """``bind`` for one map: its faults restricted to the bits ``fault`` may touch."""
@@ -283,3 +312,9 @@ def bind_map(fmt: FixedPoint | IntQuant, fault: FaultModel,
         index, masks = index[masks != 0], masks[masks != 0]
     # writable copies: Numba compiles read-only arrays separately
     return bind(fmt, fault, index.astype(np.int64), masks.astype(np.int64), fmap.shape)
+
+
+# beside the plain kernels: IntQuant's loops return False on NaN or inf instead of the
+# core's error, so they run only where no error is due (``strict=False``)
+register(FixedPoint, compiled=Compiled(_fixed_point_accepts, _bind_fixed_point))
+register(IntQuant, compiled=Compiled(_int_quant_accepts, _bind_int_quant, strict=False))
