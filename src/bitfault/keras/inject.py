@@ -121,7 +121,7 @@ def inject(model: keras.Model, spec: FaultSpec | dict[str, Any],
             path, maps = chosen[id(layer)]
             step = 0 if spec.persistence == "transient" else None
             wrapper = FaultyLayer(new, spec, tensor_prefix=path, step=step)
-            wrapper._preset_maps = maps
+            wrapper.use_maps(maps)
             clones.append((layer, new))
             return wrapper
         clones.append((layer, new))

@@ -200,6 +200,11 @@ class FaultyLayer(keras.layers.Wrapper):
 
     # ---- building -------------------------------------------------------------------------
 
+    def use_maps(self, maps: dict[str, FaultMap]) -> None:
+        """Build with these maps (by tensor name) instead of drawing them (``inject`` draws
+        every layer's maps before cloning)."""
+        self._preset_maps = maps
+
     def build(self, input_shape: Any = None) -> None:
         super().build(input_shape)
         output_shape = None
