@@ -21,7 +21,6 @@ written, with the run directory locked (``bitfault.jobs.lock``).
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,14 +40,12 @@ from bitfault.jobs.run_dir import (
     training_differences,
     write_json,
 )
+from bitfault.jobs.stores import refuse_stale_stores, store_differences
 from bitfault.jobs.summary import (
     build_trials,
-    chip_seeds,
     incomplete,
     model_summary,
-    provenance,
     single_fault_trials,
-    stored_columns,
 )
 from bitfault.memory.memory import Memory
 from bitfault.recipes import Recipe
@@ -186,44 +183,6 @@ def _clean_metrics(plan: ModelPlan) -> dict[str, Any]:
     golden = {n: FaultMap.empty(s, n) for n, s in plan.evaluator.tensor_shapes().items()}
     clean = plan.evaluator.predict([golden], plan.memory)[0]
     return accuracy_metrics(plan.evaluator.labels, clean, clean)
-
-
-def store_differences(store: Path, evaluator: Any, memory: Memory, seed: int) -> list[str]:
-    """What makes the trials in ``store`` another campaign's (empty: none, or no store):
-    model, data, the memory (format, fault model), chips of another ``campaign.seed``, or
-    a store of another bitfault version."""
-    from bitfault.campaign.store import COLUMNS
-
-    rows = provenance(store)
-    if not rows:
-        return []
-    diffs: list[str] = []
-    if stored_columns(store) != set(COLUMNS):
-        diffs.append("the store's layout (written by another version of bitfault)")
-    if any(model != evaluator.model_digest() for model, _, _ in rows):
-        diffs.append("the model (its weights, or the tensors campaign.targets selects)")
-    if any(data != evaluator.data_digest() for _, data, _ in rows):
-        diffs.append("the test data (data settings)")
-    want, fields = memory.to_dict(), set()
-    for _, _, text in rows:
-        old = json.loads(text or "{}")
-        fields |= {k for k in want if old.get(k) != want[k]}
-    names = {"fault": "campaign.fault", "format": "the recipe's format"}
-    diffs += [f"the memory's {f} ({names.get(f, 'campaign.' + f)})" for f in sorted(fields)]
-    if chip_seeds(store) - {seed}:
-        diffs.append("the chips' seeds (campaign.seed)")
-    return diffs
-
-
-def refuse_stale_stores(stale: dict[Any, list[str]], run_dir: Path,
-                        replace_stores: bool) -> None:
-    """ValueError naming every store that holds another campaign's trials (and what
-    differs), unless ``replace_stores``: nothing has been written yet."""
-    if stale and not replace_stores:
-        raise ValueError("; ".join(f"{store}: holds trials of another campaign (it differs "
-                                   f"in {', '.join(d)})" for store, d in stale.items())
-                         + "; rerun with --replace-store (replace_stores=True) to move it "
-                         f"into {run_dir / 'replaced'} and start over")
 
 
 def run_campaign(run_dir: str | os.PathLike[str] | None = None,

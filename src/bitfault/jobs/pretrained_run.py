@@ -21,6 +21,7 @@ from bitfault.jobs.pretrained import Plan, curves, headline, plan_pretrained
 from bitfault.jobs.pretrained_summary import GGUF_FILE, pretrained_entry
 from bitfault.jobs.progress import SILENT, Reporter
 from bitfault.jobs.run_dir import OWN_NAMES, RunDir, jsonable, move_aside, write_json
+from bitfault.jobs.stores import refuse_stale_stores, store_differences
 
 IDENTITY = ("framework", "model", "data", "metric")  # what makes two runs different runs
 
@@ -59,8 +60,6 @@ def _clean_values(plan: Plan) -> dict[str, Any]:
 def run_pretrained(config: RunConfig, *, reporter: Reporter = SILENT,
                    replace_stores: bool = False) -> dict[str, Any]:
     """Run (or resume) ``config``'s campaign on its pretrained model; returns summary.json."""
-    from bitfault.jobs.campaign import refuse_stale_stores, store_differences
-
     rd = RunDir(config.output)
     _check_dir(rd, config)
     plans = plan_pretrained(config)
