@@ -11,16 +11,16 @@ element, then the few faulty codes (clean codes recomputed from the same operand
 LLVM's vectoriser: loops over a block's own slices, reductions by compare-and-select on
 integers (the largest magnitude on the bits; float max / min on order-preserving keys, NaN
 left out where the core's scan leaves it out), no builtin ``min`` / ``max`` in a loop. The
-arithmetic is the core's (float32 operations in the ``formats`` modules' order; no
-fast-math). Compiled by ``kernels.block_numba`` only.
+arithmetic and constants are the core's (float32 operations in its order; no fast-math).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from bitfault.formats.nvfp4 import TENSOR_DIVISOR
+
 _EPS32 = np.float32(np.finfo(np.float32).eps)
-_DIVISOR = np.float32(6.0 * 448.0)  # nvfp4.TENSOR_DIVISOR
 _ABS = np.uint32(0x7FFFFFFF)
 
 
@@ -159,7 +159,7 @@ def nvfp4_kernel(x, out, rows, length, k, nbpr, cpos, cmask, b0pos, b0mask, b1po
     yb = np.zeros(max(k, 1), np.float32)
     yu = yb.view(np.uint32)
     yu[0] = _magnitude(xu)
-    t = yb[0] / _DIVISOR
+    t = yb[0] / TENSOR_DIVISOR
     t = np.float32(1.0) if t == 0 else t
     yb[0] = t
     yu[0] = np.uint32(_fault(np.int64(yu[0]), tmask, op) & 0xFFFFFFFF)
