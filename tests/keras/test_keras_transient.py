@@ -104,3 +104,26 @@ def test_training_a_transient_layer_that_nothing_resamples_warns(data) -> None:
         warnings.filterwarnings("error", message=".*nothing resamples")
         model().fit(x, y, epochs=1, batch_size=10, verbose=0, callbacks=[ResampleFaults()])
         model().predict(x, verbose=0)  # inference at step 0 is not a mistake
+
+
+@pytest.mark.parametrize("functional", [False, True])
+def test_an_injected_transient_model_keeps_its_layers_and_reloads(mlp, data, tmp_path,
+                                                                  functional) -> None:
+    """inject's transient model is the clone's graph (same layers, config and outputs) and
+    comes back from a .keras file still resampling by itself."""
+    x, _ = data
+    if functional:
+        inputs = keras.Input((8,))
+        mlp = keras.Model(inputs, mlp.get_layer("fc2")(mlp.get_layer("fc1")(inputs)), name="f")
+    fmodel = inject(mlp, TRANSIENT.replace(resample="forward"))
+    permanent = inject(mlp, TRANSIENT.replace(persistence="permanent"))
+    assert [la.name for la in fmodel.layers] == [la.name for la in permanent.layers]
+    got, want = fmodel.get_config(), permanent.get_config()
+    assert [la["class_name"] for la in got["layers"]] == [la["class_name"] for la in want["layers"]]
+    assert got["layers"][0] == want["layers"][0]  # the input layer, name and all
+    assert isinstance(fmodel, keras.Sequential) != functional
+    fmodel.save(tmp_path / "t.keras")
+    again = keras.saving.load_model(tmp_path / "t.keras")
+    assert np.array_equal(np.asarray(again(x)), np.asarray(fmodel(x)))
+    again.predict(x, batch_size=10, verbose=0)
+    assert again.get_layer("fc1").step == 3

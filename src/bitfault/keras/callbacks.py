@@ -85,4 +85,68 @@ class ResampleFaults(keras.callbacks.Callback):
         self._resample(training=False)
 
 
-__all__ = ["ResampleFaults", "fault_maps", "faulty_layers", "resample"]
+
+
+
+class _ResamplesItself:
+    """fit, evaluate and predict add the model's own ``ResampleFaults`` (one per model, so
+    forward counts carry on across calls) unless the call passes one."""
+
+    def _with_resampling(self, callbacks: Any) -> Any:
+        mine = getattr(self, "_resample_faults", None)
+        if mine is None:
+            mine = ResampleFaults()
+            self._resample_faults = mine
+        if isinstance(callbacks, keras.callbacks.CallbackList):
+            if not any(isinstance(c, ResampleFaults) for c in callbacks.callbacks):
+                mine.set_model(self)
+                callbacks.callbacks.append(mine)
+            return callbacks
+        callbacks = list(callbacks or [])
+        if not any(isinstance(c, ResampleFaults) for c in callbacks):
+            callbacks.append(mine)
+        return callbacks
+
+    def fit(self, *args: Any, callbacks: Any = None, **kwargs: Any) -> Any:
+        return super().fit(*args, callbacks=self._with_resampling(callbacks), **kwargs)
+
+    def evaluate(self, *args: Any, callbacks: Any = None, **kwargs: Any) -> Any:
+        return super().evaluate(*args, callbacks=self._with_resampling(callbacks), **kwargs)
+
+    def predict(self, *args: Any, callbacks: Any = None, **kwargs: Any) -> Any:
+        return super().predict(*args, callbacks=self._with_resampling(callbacks), **kwargs)
+
+
+@keras.saving.register_keras_serializable(package="bitfault")
+class ResamplingModel(_ResamplesItself, keras.Model):
+    """A functional model whose transient fault maps change every batch by themselves
+    (``inject`` returns one for a transient spec)."""
+
+
+@keras.saving.register_keras_serializable(package="bitfault")
+class ResamplingSequential(_ResamplesItself, keras.Sequential):
+    """A Sequential model whose transient fault maps change every batch by themselves."""
+
+
+def resampling(model: keras.Model) -> keras.Model:
+    """The same graph of the same layers as a model that resamples its transient maps in
+    every fit, evaluate and predict."""
+    if isinstance(model, keras.Sequential):
+        config = model.get_config()
+        first = (config["layers"] or [{}])[0]
+        head = []
+        if first.get("class_name") == "InputLayer":
+            given = first["config"]
+            head = [keras.Input(batch_shape=given["batch_shape"], dtype=given["dtype"],
+                                sparse=given["sparse"], name=given["name"])]
+        again = ResamplingSequential(head + model.layers, name=model.name,
+                                     trainable=model.trainable)
+        if not head and config.get("build_input_shape") is not None:
+            again.build(config["build_input_shape"])
+        return again
+    return ResamplingModel(inputs=model.input, outputs=model.output, name=model.name,
+                           trainable=model.trainable)
+
+
+__all__ = ["ResampleFaults", "ResamplingModel", "ResamplingSequential", "fault_maps",
+           "faulty_layers", "resample", "resampling"]

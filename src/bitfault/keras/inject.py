@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import functools
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import keras
 
-from bitfault.keras.callbacks import ResampleFaults
+from bitfault.keras.callbacks import resampling
 from bitfault.keras.layers import FaultyLayer, as_spec
 from bitfault.keras.layouts import SUPPORTED_NAMES, draw_maps, is_supported
 from bitfault.keras.seam import check_supported
@@ -90,8 +89,9 @@ def inject(model: keras.Model, spec: FaultSpec | dict[str, Any],
     nested models: also the tensor-name prefix); a glob string or list of globs matches
     paths. Of each, the tensors ``spec.targets`` chooses by kind and name
     (``bitfault.keras.select_tensors``). Weights are copied over; the new model is not
-    compiled. Transient specs start at step 0; the new model's ``fit``/``evaluate``/
-    ``predict`` add a ``ResampleFaults`` callback (unless given one), ``resample`` sets a step.
+    compiled. Transient specs start at step 0 and return a ``ResamplingModel`` (or
+    ``ResamplingSequential``) of the same layers, whose ``fit``/``evaluate``/``predict`` add a
+    ``ResampleFaults`` callback (unless given one); ``resample`` sets a step.
     ``left_out(new_model)`` lists every variable not faulted, and why.
 
     The clean weights stay storable under your own training: for a format with a bounded
@@ -131,32 +131,9 @@ def inject(model: keras.Model, spec: FaultSpec | dict[str, Any],
     for old, new in clones:
         new.set_weights(old.get_weights())
     if spec.persistence == "transient":
-        _resample_in_every_run(new_model)
+        new_model = resampling(new_model)
     _LEFT_OUT[new_model] = skipped
     return new_model
-
-
-def _resample_in_every_run(model: keras.Model) -> None:
-    """Give ``model``'s fit, evaluate and predict one ``ResampleFaults`` callback of its own
-    (unless the call passes one), so transient maps change without extra wiring."""
-    callback = ResampleFaults()  # one per model: forward counts carry on across calls
-
-    def wrap(method: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(method)
-        def run(*args: Any, callbacks: Any = None, **kwargs: Any) -> Any:
-            if isinstance(callbacks, keras.callbacks.CallbackList):
-                if not any(isinstance(c, ResampleFaults) for c in callbacks.callbacks):
-                    callback.set_model(model)
-                    callbacks.callbacks.append(callback)
-            else:
-                callbacks = list(callbacks or [])
-                if not any(isinstance(c, ResampleFaults) for c in callbacks):
-                    callbacks.append(callback)
-            return method(*args, callbacks=callbacks, **kwargs)
-        return run
-
-    for name in ("fit", "evaluate", "predict"):
-        setattr(model, name, wrap(getattr(model, name)))
 
 
 __all__ = ["inject", "left_out"]

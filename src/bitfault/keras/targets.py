@@ -29,6 +29,7 @@ from bitfault.targets import Targets
 LayerFilter = Callable[[keras.layers.Layer, str], bool]
 TargetsLike = Targets | str | Sequence[str] | Mapping[str, Any]
 VARIABLE_KINDS = ("weights", "biases", "buffers")  # what variables hold (no activations)
+GRAPH_MODELS = ("Functional", "ResamplingModel")  # functional models (inject makes the second)
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ class LeftOut:
 def is_graph_model(model: Any) -> bool:
     """Whether ``model`` is a Sequential or Functional model (its layers can be walked)."""
     return isinstance(model, keras.Sequential) or (
-        isinstance(model, keras.Model) and type(model).__name__ == "Functional")
+        isinstance(model, keras.Model) and type(model).__name__ in GRAPH_MODELS)
 
 
 def sublayers(layer: Any) -> list[keras.layers.Layer]:
