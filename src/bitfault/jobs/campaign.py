@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bitfault.config import CampaignConfig, ConfigError, RunConfig, load_config, targets_value
+from bitfault.frameworks import adapter
 from bitfault.jobs.compare import compare_schemes, scheme_key, scheme_store
 from bitfault.jobs.data import load_data
 from bitfault.jobs.lock import lock_run_dir
@@ -49,7 +50,6 @@ from bitfault.jobs.summary import (
 )
 from bitfault.memory.memory import Memory
 from bitfault.recipes import Recipe
-from bitfault.targets import Targets
 
 
 def _resolve(rd: RunDir, config: RunConfig | None,
@@ -75,25 +75,12 @@ def check_campaign(config: RunConfig, *, stored_formats: bool = True) -> None:
             raise ConfigError(f"recipes[{i}].format", None,
                               f"a format or fault_aware spec: campaigns fault stored words, "
                               f"and recipe {r.name!r} trains plain float weights")
-    c = config.campaign
-    if config.framework == "keras" and (c.targets == "weights+biases" or (
-            isinstance(c.targets, Targets) and c.targets.kinds != ("weights",)) or (
-            isinstance(c.targets, tuple) and any(not t.endswith(".weight")
-                                                 for t in c.targets))):
-        raise ConfigError("campaign.targets", targets_value(c.targets), "'weights', a list of "
-                          "'<layer>.weight' names or {kinds: [weights], include, exclude} for "
-                          "framework 'keras' (Keras campaigns fault kernels)")
+    adapter(config.framework).check_campaign(config.campaign)
 
 
 def make_evaluator(model: Any, framework: str, x: Any, y: Any, c: CampaignConfig) -> Any:
     """The framework's evaluator of ``model`` on (x, y) for the config's targets."""
-    if framework == "torch":
-        from bitfault.torch import TorchEvaluator
-
-        return TorchEvaluator(model, x, y, targets=c.targets, batch_size=1000)
-    from bitfault.keras import KerasEvaluator
-
-    return KerasEvaluator(model, x, y, targets=c.targets)
+    return adapter(framework).make_evaluator(model, x, y, c.targets)
 
 
 @dataclass
@@ -206,7 +193,7 @@ def run_campaign(run_dir: str | os.PathLike[str] | None = None,
     if pretrained is not None and pretrained.model.pretrained:  # no training: see pretrained_run
         from bitfault.jobs.pretrained_run import run_pretrained
 
-        if framework not in (None, pretrained.framework):
+        if framework is not None and framework != pretrained.framework:
             raise ValueError(f"--framework {framework}: model.kind {pretrained.model.kind!r} "
                              f"runs in {pretrained.framework}")
         return run_pretrained(pretrained.replace(output=os.fspath(rd.path)), reporter=reporter,

@@ -34,14 +34,15 @@ from bitfault.config import read_config_file
 from bitfault.errors import ArgumentError
 from bitfault.faults.models import BitFlip, FaultModel, fault_from_dict
 from bitfault.formats import format_from_dict
+from bitfault.frameworks import Adapter, adapter, framework_for_suffix
 from bitfault.inject import inject_with_stats
 from bitfault.maps import FaultMap
 from bitfault.spec import FaultSpec
 from bitfault.targets import Targets
 
 SAVED_KINDS = ("weights", "biases")  # what a saved model holds (activations: at run time)
-FRAMEWORK_BY_SUFFIX = {".pt": "torch", ".pth": "torch", ".keras": "keras", ".gguf": "gguf"}
 Saver = Callable[[str], Any]
+Opener = Callable[[Any, FaultSpec, Targets], tuple[dict[str, Any], Saver, Any]]
 
 
 def load_spec(source: str | os.PathLike[str] | FaultSpec | dict[str, Any]) -> FaultSpec:
@@ -71,7 +72,7 @@ def _spec_from_maps(maps: dict[str, FaultMap], spec: FaultSpec | None) -> FaultS
     return FaultSpec(format=fmt, fault=fault, maps=maps)
 
 
-def _load_maps(paths: Sequence[str | os.PathLike[str]]) -> dict[str, FaultMap]:
+def load_maps(paths: Sequence[str | os.PathLike[str]]) -> dict[str, FaultMap]:
     maps: dict[str, FaultMap] = {}
     for p in paths:
         if not os.path.isfile(p):
@@ -85,7 +86,7 @@ def _load_maps(paths: Sequence[str | os.PathLike[str]]) -> dict[str, FaultMap]:
 
 def detect_framework(model_file: str | os.PathLike[str], framework: str | None) -> str:
     suffix = Path(model_file).suffix.lower()
-    found = FRAMEWORK_BY_SUFFIX.get(suffix)
+    found = framework_for_suffix(suffix)
     if framework is not None and found is not None and framework != found:
         raise ValueError(f"{os.fspath(model_file)}: a {suffix} file is a {found} model, not "
                          f"{framework}")
@@ -135,7 +136,8 @@ def inject_file(model_file: str | os.PathLike[str], output: str | os.PathLike[st
     applied to the tensor it names. With both, the spec's format and fault model apply
     to the maps; with maps only, the format and fault model the maps record (a GGUF file:
     the formats it stores, the fault model of the spec or the maps, else bit flips).
-    ``overwrite``: replace an existing ``output``.
+    ``overwrite``: replace an existing ``output``. The framework's adapter
+    (``bitfault.frameworks``) reads and writes the file.
     """
     if spec is None and not maps:
         raise ValueError("give a fault spec (--spec) or at least one fault map (--map)")
@@ -143,165 +145,66 @@ def inject_file(model_file: str | os.PathLike[str], output: str | os.PathLike[st
         raise FileNotFoundError(f"{os.fspath(model_file)}: no such model file")
     framework = detect_framework(model_file, framework)
     fspec = None if spec is None else load_spec(spec)
-    if framework == "gguf":
-        return _inject_gguf(model_file, output, fspec, _load_maps(maps) if maps else None,
-                            overwrite)
-    if maps:
-        fspec = _spec_from_maps(_load_maps(maps), fspec)
-    saved = tuple(k for k in fspec.targets.kinds if k in SAVED_KINDS)
-    if fspec.maps is None and (not saved or ("activations" in fspec.targets
-                               and not fspec.targets.include)):
+    return adapter(framework).inject_file(model_file, output, fspec,
+                                          load_maps(maps) if maps else None, overwrite)
+
+
+def inject_saved(framework: Adapter, model_file: Any, output: Any, spec: FaultSpec | None,
+                 maps: dict[str, FaultMap] | None, overwrite: bool, open_saved: Opener
+                 ) -> dict[str, Any]:
+    """``inject_file`` for a model file of tensors: ``open_saved(model_file, spec,
+    targets)`` chooses and faults them (``apply_spec``) and returns (per tensor what was
+    faulted, the function that saves the faulty copy, the tensors left out or None)."""
+    if maps is not None:
+        spec = _spec_from_maps(maps, spec)
+    assert spec is not None
+    saved = tuple(k for k in spec.targets.kinds if k in SAVED_KINDS)
+    if spec.maps is None and (not saved or ("activations" in spec.targets
+                              and not spec.targets.include)):
         raise ValueError("spec targets 'activations': activation faults happen at run time "
                          "(bitfault.torch.inject_ / bitfault.keras.inject); a saved model "
                          "holds weights and biases only")
     check_output(model_file, output, overwrite)
-    if framework == "keras" and not os.fspath(output).endswith(".keras"):
-        raise ValueError(f"{os.fspath(output)}: a Keras model is written as a .keras file")
-    targets = Targets(saved or SAVED_KINDS, fspec.targets.include, fspec.targets.exclude)
-    extra: dict[str, Any] = {}
-    if framework == "torch":
-        tensors, save = _inject_torch(model_file, fspec, targets)
-    else:
-        tensors, save, extra["left_out"] = _inject_keras(model_file, fspec, targets)
+    suffix = framework.output_suffix
+    if suffix is not None and not os.fspath(output).endswith(suffix):
+        raise ValueError(f"{os.fspath(output)}: a {framework.title} model is written as a "
+                         f"{suffix} file")
+    targets = Targets(saved or SAVED_KINDS, spec.targets.include, spec.targets.exclude)
+    tensors, save, left = open_saved(model_file, spec, targets)
+    extra: dict[str, Any] = {} if left is None else {"left_out": left}
     write_atomically(output, save)
     return {**extra, "input": os.fspath(model_file), "output": os.fspath(output),
-            "framework": framework, "format": fspec.format.to_dict(),
-            "fault": fspec.fault.to_dict(), "tensors": tensors,
+            "framework": framework.name, "format": spec.format.to_dict(),
+            "fault": spec.fault.to_dict(), "tensors": tensors,
             "faults": sum(t["faults"] for t in tensors.values()),
             "changed_values": sum(t["changed_values"] for t in tensors.values())}
 
 
-def _inject_gguf(model_file: Any, output: Any, spec: FaultSpec | None,
-                 maps: dict[str, FaultMap] | None, overwrite: bool) -> dict[str, Any]:
-    from bitfault.files.gguf_memory import GGUFMemory
-
-    check_output(model_file, output, overwrite)
-    memory = GGUFMemory.open(model_file)
-    if maps is not None:
-        fault = spec.fault if spec is not None else _recorded_fault(maps)
-        chosen = memory.group_maps(maps)
-    elif spec is not None and spec.maps is not None:
-        fault, chosen = spec.fault, memory.group_maps(spec.maps)
-    else:
-        assert spec is not None
-        saved = tuple(k for k in spec.targets.kinds if k in SAVED_KINDS)
-        if not saved:
-            raise ValueError("spec targets 'activations': activation faults happen at run "
-                             "time; a GGUF file holds weights and biases only")
-        fault = spec.fault
-        chosen = memory.random_maps(ber=spec.ber, count=spec.count, seed=spec.seed,
-                                    targets=Targets(saved, spec.targets.include,
-                                                    spec.targets.exclude), fault=fault)
-    if not chosen:
-        raise ValueError(f"{os.fspath(model_file)}: no tensor to fault (targets chose none "
-                         f"of {len(memory.names)} tensors)")
-    tensors = memory.write(output, chosen, fault, overwrite=overwrite)
-    return {"input": os.fspath(model_file), "output": os.fspath(output),
-            "framework": "gguf", "format": None, "fault": fault.to_dict(),
-            "tensors": tensors, "faults": sum(t["faults"] for t in tensors.values()),
-            "changed_values": sum(t["changed_values"] for t in tensors.values())}
-
-
-def _recorded_fault(maps: dict[str, FaultMap]) -> FaultModel:
+def recorded_fault(maps: dict[str, FaultMap]) -> FaultModel:
     """The fault model the maps record, when they agree; bit flips otherwise."""
     faults = {json.dumps(m.meta.get("fault"), sort_keys=True) for m in maps.values()}
     data = json.loads(faults.pop()) if len(faults) == 1 else None
     return fault_from_dict(data) if data else BitFlip()
 
 
-def _apply(name: str, clean: np.ndarray, spec: FaultSpec) -> tuple[np.ndarray, dict[str, Any]]:
+def apply_spec(name: str, clean: np.ndarray, spec: FaultSpec
+               ) -> tuple[np.ndarray, dict[str, Any]]:
+    """Tensor ``name``'s clean values stored, faulted and decoded as ``spec`` says; returns
+    the faulty values and what happened (shape, faults, changed values, saturated)."""
     fmap = spec.map_for(name, tuple(clean.shape), values=clean)  # a data-dependent memory's
     faulty, stats = inject_with_stats(clean, spec.format, spec.fault, fmap)
     return faulty, {"shape": list(clean.shape), "faults": stats.faults,
                     "changed_values": stats.changed_values, "saturated": stats.saturated}
 
 
-def _check_names(wanted: list[str], available: list[str]) -> None:
+def check_map_names(wanted: list[str], available: list[str]) -> None:
+    """A ValueError when fault maps name tensors the model does not have."""
     unknown = sorted(set(wanted) - set(available))
     if unknown:
         raise ValueError(f"fault maps name tensor(s) {unknown} the model does not have; its "
                          f"tensors are {sorted(available)}")
 
 
-def _inject_torch(model_file: Any, spec: FaultSpec, targets: Targets
-                  ) -> tuple[dict[str, Any], Saver]:
-    import torch
-
-    from bitfault.torch.targets import state_dict_targets
-
-    try:
-        state = torch.load(model_file, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise ValueError(f"{os.fspath(model_file)}: not a loadable state_dict "
-                         f"({type(exc).__name__}: {exc})") from None
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor)
-                                              for v in state.values()):
-        raise ValueError(f"{os.fspath(model_file)}: expected a state_dict (a dict of tensors, "
-                         "as model.state_dict() saves)")
-    floats = [n for n, t in state.items() if t.is_floating_point()]
-    if spec.maps is not None:
-        names = list(spec.maps)
-        _check_names(names, floats)
-    else:
-        names = state_dict_targets(state, targets)
-    if not names:
-        raise ValueError(f"{os.fspath(model_file)}: no tensor to fault (no float *.weight "
-                         "tensor with two or more dimensions)")
-    out = dict(state)
-    tensors = {}
-    for name in names:
-        t = state[name]
-        clean = t.detach().to(torch.float32).numpy() if t.dtype == torch.bfloat16 \
-            else t.detach().numpy()
-        faulty, tensors[name] = _apply(name, clean, spec)
-        out[name] = torch.from_numpy(faulty).to(t.dtype)
-        for other, u in state.items():  # a tied tensor is one memory: its other names too
-            if other != name and u is not t and _same_memory(u, t):
-                out[other] = out[name]
-    return tensors, lambda path: torch.save(out, path)
-
-
-def _same_memory(a: Any, b: Any) -> bool:
-    return (a.numel() > 0 and a.data_ptr() == b.data_ptr() and a.shape == b.shape
-            and a.stride() == b.stride() and a.dtype == b.dtype)
-
-
-def _inject_keras(model_file: Any, spec: FaultSpec, targets: Targets
-                  ) -> tuple[dict[str, Any], Saver, list[dict[str, Any]]]:
-    import dataclasses
-
-    import keras
-
-    from bitfault.keras.targets import select_report
-
-    try:
-        model = keras.saving.load_model(model_file, compile=False)
-    except Exception as exc:
-        raise ValueError(f"{os.fspath(model_file)}: not a loadable Keras model "
-                         f"({type(exc).__name__}: {exc})") from None
-    chosen, left = select_report(model, SAVED_KINDS if spec.maps is not None else targets)
-    slots = {s.name: s for s in chosen}
-    if spec.maps is not None:
-        _check_names(list(spec.maps), list(slots))
-        left += [dataclasses.replace(_as_left_out(s), reason="no fault map names it")
-                 for n, s in slots.items() if n not in spec.maps]
-        slots = {n: slots[n] for n in spec.maps}
-    if not slots:
-        raise ValueError(f"{os.fspath(model_file)}: no tensor to fault (left out: "
-                         f"{[(t.name, t.reason) for t in left][:8]})")
-    tensors = {}
-    for name, slot in slots.items():
-        faulty, tensors[name] = _apply(name, slot.to_torch(slot.variable.numpy()), spec)
-        slot.variable.assign(slot.to_keras(faulty))
-    return tensors, model.save, [dataclasses.asdict(t) for t in left]
-
-
-def _as_left_out(slot: Any) -> Any:
-    """A chosen Keras tensor as a ``LeftOut`` (its reason to be filled in)."""
-    from bitfault.keras.targets import LeftOut
-
-    return LeftOut(slot.name, tuple(slot.torch_shape), str(slot.variable.dtype), "")
-
-
-__all__ = ["check_output", "detect_framework", "inject_file", "load_spec",
+__all__ = ["SAVED_KINDS", "apply_spec", "check_map_names", "check_output", "detect_framework",
+           "inject_file", "inject_saved", "load_maps", "load_spec", "recorded_fault",
            "write_atomically"]

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from bitfault.config import BUILTIN_MODELS, FRAMEWORKS, ConfigError, ModelConfig
-from bitfault.jobs.run_dir import MODEL_FILES, atomic_path, read_json, write_json
+from bitfault.frameworks import Adapter, adapter
+from bitfault.jobs.run_dir import read_json, write_json
 
 
 def resolve_callable(name: str) -> Any:
@@ -38,33 +39,33 @@ def resolve_callable(name: str) -> Any:
     return obj
 
 
-def _check_framework(framework: str) -> None:
+def _adapter(framework: Any) -> Adapter:
+    """The adapter of a trainable framework (config.FRAMEWORKS); else a ConfigError."""
     if framework not in FRAMEWORKS:
         raise ConfigError("framework", framework, ", ".join(FRAMEWORKS))
+    return adapter(framework)
 
 
 def build_model(model: ModelConfig, framework: str, seed: int = 0) -> Any:
     """A fresh model: the built-in of that framework, or the user's callable(**kwargs)."""
-    _check_framework(framework)
+    ad = _adapter(framework)
     kwargs = dict(model.kwargs)
     if model.builtin:
-        if framework == "torch":
-            from bitfault.models import torch as zoo
-        else:
-            from bitfault.models import keras as zoo
-        factory = getattr(zoo, model.name)
+        factory = ad.builtin(model.name)
         kwargs.setdefault("seed", seed)
         if "channels" in kwargs:
             kwargs["channels"] = tuple(kwargs["channels"])
     else:
         factory = resolve_callable(model.name)
-    _seed_framework(framework, seed)
+    ad.seed(seed)
     try:
         built = factory(**kwargs)
     except TypeError as exc:
         raise ConfigError("model.kwargs", dict(model.kwargs),
                           f"keyword arguments that {model.name} accepts ({exc})") from None
-    _check_type(built, framework, model.name)
+    if not ad.is_model(built):
+        raise ConfigError("model.name", model.name, f"a callable returning {ad.model_type} "
+                          f"(framework {framework!r}); it returned a {type(built).__name__}")
     return built
 
 
@@ -72,19 +73,9 @@ def check_model_input(model: Any, framework: str, x: Any, what: str) -> None:
     """Run ``model`` (eval mode, no gradients) on the first sample of ``x``; a ValueError
     naming ``what`` (where the data comes from) when the model cannot take such samples,
     found before training writes anything."""
+    ad = _adapter(framework)
     try:
-        if framework == "torch":
-            import torch
-
-            was_training = model.training
-            model.eval()
-            try:
-                with torch.no_grad():
-                    model(torch.as_tensor(x[:1]))
-            finally:
-                model.train(was_training)
-        else:
-            model(x[:1], training=False)
+        ad.run_sample(model, x[:1])
     except (ImportError, MemoryError):
         raise
     except Exception as exc:  # torch and keras raise many kinds for a shape mismatch
@@ -92,51 +83,16 @@ def check_model_input(model: Any, framework: str, x: Any, what: str) -> None:
                          f"({_first_line(exc)})") from None
 
 
-def _seed_framework(framework: str, seed: int) -> None:
-    if framework == "torch":
-        import torch
-
-        torch.manual_seed(seed)
-    else:
-        import keras
-
-        keras.utils.set_random_seed(seed)
-
-
-def _check_type(model: Any, framework: str, name: str) -> None:
-    if framework == "torch":
-        from torch import nn
-
-        ok, want = isinstance(model, nn.Module), "a torch.nn.Module"
-    else:
-        import keras
-
-        ok, want = isinstance(model, keras.Model), "a keras.Model"
-    if not ok:
-        raise ConfigError("model.name", name, f"a callable returning {want} (framework "
-                          f"{framework!r}); it returned a {type(model).__name__}")
-
-
 def save_model(model: Any, directory: str | os.PathLike[str], framework: str,
                spec: ModelConfig, seed: int) -> Path:
     """Write the weights (model.pt / model.keras) and model.json into ``directory``."""
-    _check_framework(framework)
+    ad = _adapter(framework)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / MODEL_FILES[framework]
+    path = directory / ad.model_file
     info: dict[str, Any] = {"framework": framework, "name": spec.name,
                             "kwargs": dict(spec.kwargs), "seed": seed}
-    if framework == "torch":
-        import torch
-
-        from bitfault.torch import relu_bounds
-
-        info["relu_bounds"] = relu_bounds(model)
-        with atomic_path(path) as tmp:
-            torch.save(model.state_dict(), tmp)
-    else:
-        with atomic_path(path) as tmp:
-            model.save(tmp)
+    info.update(ad.save_model(model, path))
     write_json(directory / "model.json", info)
     return path
 
@@ -168,32 +124,21 @@ def load_model(directory: str | os.PathLike[str], *, trusted: str | bool = False
     if not isinstance(info, dict):
         raise ValueError(f"{directory / 'model.json'}: not a model description (a mapping)")
     framework = info.get("framework")
-    _check_framework(framework)
+    ad = _adapter(framework)
     check_trusted(info, directory / "model.json", trusted)
     spec = ModelConfig(info["name"], info.get("kwargs") or {})
-    path = directory / MODEL_FILES[framework]
+    path = directory / ad.model_file
     if not path.is_file():
         raise FileNotFoundError(f"{path}: missing (the model was not saved)")
-    if framework == "torch":
-        import torch
-
-        model = build_model(spec, "torch", info.get("seed", 0))
-        if info.get("relu_bounds"):
-            from bitfault.torch.recipes import bound_relus_
-
-            bound_relus_(model, info["relu_bounds"])
-        state = _read(path, lambda: torch.load(path, weights_only=True))
-        try:
-            model.load_state_dict(state)
-        except (RuntimeError, TypeError) as exc:
-            raise ValueError(f"{path}: does not fit the model model.json describes "
-                             f"({_first_line(exc)})") from None
-        return model.eval()
-    import keras
-
     if not spec.builtin:
         resolve_callable(spec.name)  # registers the user's custom objects, if any
-    return _read(path, lambda: keras.saving.load_model(path, compile=False))
+    prepared = ad.prepare_model(info, lambda: build_model(spec, framework, info.get("seed", 0)))
+    content = _read(path, lambda: ad.read_model(path))
+    try:
+        return ad.restore_model(prepared, content)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"{path}: does not fit the model model.json describes "
+                         f"({_first_line(exc)})") from None
 
 
 def _first_line(exc: BaseException) -> str:

@@ -103,14 +103,19 @@ def load_pairs(config: RunConfig) -> Any:
         raise ConfigError(key, value, f"a UTF-8 pairs file ({exc})") from None
 
 
+# model kinds whose file carries the tokenizer: the from_pretrained argument naming it
+TOKENIZER_IN_FILE = {"gguf": "gguf_file"}
+
+
 def load_tokenizer(config: RunConfig) -> Any:
     """The tokenizer of ``data.tokenizer``, else the model's own (local files only)."""
     from transformers import AutoTokenizer
 
     m, where = config.model, config.data.tokenizer
     kwargs: dict[str, Any] = {"local_files_only": True}
-    if where is None and m.kind == "gguf":
-        where, kwargs["gguf_file"] = os.path.split(os.path.abspath(m.path))
+    in_file = TOKENIZER_IN_FILE.get(m.kind or "")
+    if where is None and in_file is not None:
+        where, kwargs[in_file] = os.path.split(os.path.abspath(m.path))
     where = where or m.path
     try:
         return AutoTokenizer.from_pretrained(where, **kwargs)
@@ -182,9 +187,9 @@ def plan_pretrained(config: RunConfig) -> list[Plan]:
     pairs = load_pairs(config) if config.metric == "similarity" else None
     tokenizer = load_tokenizer(config)
     inputs, labels = make_inputs(config, tokenizer, pairs)
+    if config.model.kind in PLAN_ONE:  # one file, its own formats: one plan
+        return [PLAN_ONE[config.model.kind](config, config.recipes[0], inputs, labels)]
     c = config.campaign
-    if config.model.kind == "gguf":
-        return [_plan_gguf(config, config.recipes[0], inputs, labels)]
     model = _load_hf(config)
     _check_context(config, model, inputs)
     plans = []
@@ -265,6 +270,10 @@ def _plan_gguf(config: RunConfig, recipe: Recipe, windows: Any, labels: Any) -> 
         raise ConfigError("campaign.plane_rates", dict(c.plane_rates or {}), "relative rates "
                           f"of the GGUF planes codes, scale, min ({exc})") from None
     return Plan(recipe, memory, ev, build_trials(c, memory, ev.tensor_shapes()))
+
+
+# model kinds planned as one file in the formats it stores (not one plan per recipe)
+PLAN_ONE = {"gguf": _plan_gguf}
 
 
 __all__ = ["METRICS", "Plan", "check_paths", "curves", "headline", "load_pairs",

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bitfault.config import ConfigError, RunConfig, load_config
+from bitfault.frameworks import adapter
 from bitfault.jobs.campaign import check_campaign, plan_model
 from bitfault.jobs.data import load_data
 from bitfault.jobs.lock import lock_run_dir
@@ -40,14 +41,6 @@ from bitfault.jobs.run_dir import (
 )
 from bitfault.maps import FaultMap
 from bitfault.recipes import EpochRecord, Recipe
-
-
-def _fit(framework: str) -> Any:
-    if framework == "torch":
-        from bitfault.torch.train import fit
-    else:
-        from bitfault.keras.train import fit
-    return fit
 
 
 def check_run_dir(rd: RunDir, config: RunConfig, overwrite: bool) -> list[str] | None:
@@ -191,7 +184,7 @@ def _train_one(config: RunConfig, recipe: Recipe, data: Any, rd: RunDir,
     if partial.exists():  # left by a train that was killed: bitfault's own, unfinished
         shutil.rmtree(partial)
     model = build_model(config.model, config.framework, config.seed)
-    fit = _fit(config.framework)
+    fit = adapter(config.framework).fit
     t = config.train
     per_epoch = -(-len(x) // t.batch_size)
     with reporter.bar(f"train {recipe.name}", t.epochs * per_epoch, "step") as bar:
