@@ -1,5 +1,5 @@
-"""Keras' IntQuant (``bitfault.keras.ops.int_quant_fault``) equals the core bit for bit on
-tensors full of code ties, where float32 and float64 arithmetic, or adding the zero point
+"""Keras' IntQuant (``bitfault.keras.kernels.scalar.int_quant_fault``) equals the core bit
+for bit on tensors full of code ties, where float32 and float64 arithmetic, or adding the zero point
 before or after rounding, give different codes."""
 
 from __future__ import annotations

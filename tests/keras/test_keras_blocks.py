@@ -69,7 +69,7 @@ def test_inject_tensor_is_bf_inject_in_every_plane(fmt) -> None:
 def test_gguf_thresholds_count_the_rounded_sums(c, top) -> None:
     """The Q4 encoders never add to a product (XLA would fuse it): counting thresholds gives
     trunc(fl32(p + c)) for every p, checked at and next to each threshold and at random."""
-    from bitfault.keras.blocks import _thresholds
+    from bitfault.keras.kernels.blocks import _thresholds
 
     t = _thresholds(c, top)
     near = np.concatenate([t, np.nextafter(t, np.float32(-np.inf)),

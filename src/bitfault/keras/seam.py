@@ -2,7 +2,7 @@
 
 The only module of the adapter that chooses a kernel. Dense masks in a TensorFlow
 graph (``FaultyLayer``, ``inject``, the recipes and ``fit``): ``fault_function``
-picks the format's TensorFlow arithmetic (``bitfault.keras.ops``), ``fused`` runs
+picks the format's TensorFlow arithmetic (``bitfault.keras.kernels.scalar``), ``fused`` runs
 the tensors of a layer as one XLA-compiled pass (plain TensorFlow ops with
 ``BITFAULT_KERAS_XLA=0``), ``straight_through`` wires the gradient. Sparse maps on
 a tensor stored once (``KerasEvaluator``): ``stored`` and ``faulty_elements``, the
@@ -24,16 +24,16 @@ import tensorflow as tf
 from bitfault.errors import ArgumentTypeError
 from bitfault.faults.models import BitFlip, FaultModel, StuckAt
 from bitfault.formats import BlockFormat, FixedPoint, Float, Format, IntQuant
-from bitfault.keras.blocks import block_fault, has_kernel
-from bitfault.keras.blocks import small_float_fault as small_float_lookup
-from bitfault.keras.layouts import Slot
-from bitfault.keras.ops import (
+from bitfault.keras.kernels.blocks import block_fault, has_kernel
+from bitfault.keras.kernels.blocks import small_float_fault as small_float_lookup
+from bitfault.keras.kernels.scalar import (
     FaultFn,
     fixed_point_fault,
     float_fault,
     int_quant_fault,
     small_float_fault,
 )
+from bitfault.keras.layouts import Slot
 from bitfault.maps import FaultMap
 from bitfault.memory.memory import StoredArray, check_map_fits
 

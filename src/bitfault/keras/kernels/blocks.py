@@ -35,8 +35,13 @@ from bitfault.formats.groupwise import EPS, GroupwiseInt
 from bitfault.formats.minifloat import SMALL_FLOATS
 from bitfault.formats.mx import EMAX_ELEM, MX
 from bitfault.formats.nvfp4 import NVFP4
-from bitfault.keras.codecs import _decode_small, _encode_small
-from bitfault.keras.ops import _apply_fault, _float16_to_float32, _float16_words, _sign_extend
+from bitfault.keras.kernels.minifloat import _decode_small, _encode_small
+from bitfault.keras.kernels.scalar import (
+    _apply_fault,
+    _float16_to_float32,
+    _float16_words,
+    _sign_extend,
+)
 
 BlockFaultFn = Callable[[tf.Tensor, Sequence[tf.Tensor]], tf.Tensor]
 Planes = dict[str, tf.Tensor]
