@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 
@@ -18,20 +14,11 @@ from bitfault.frameworks import (
     registered,
     registration,
 )
-
-HEAVY = ("torch", "tensorflow", "keras", "jax")
-
-
-def _modules_after(statement: str) -> list[str]:
-    code = f"import sys, json\n{statement}\nprint(json.dumps(sorted(sys.modules)))\n"
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, env=env)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+from test_package import HEAVY, modules_after
 
 
 def test_import_frameworks_loads_no_framework() -> None:
-    loaded = _modules_after("import bitfault.frameworks\n"
+    loaded = modules_after("import bitfault.frameworks\n"
                             "bitfault.frameworks.registration('torch')\n"
                             "bitfault.frameworks.framework_for_suffix('.keras')")
     assert [m for m in loaded if m.split(".")[0] in HEAVY] == []

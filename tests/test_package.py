@@ -12,7 +12,7 @@ import bitfault
 HEAVY = ("torch", "tensorflow", "keras", "jax", "ray")
 
 
-def _modules_after(statement: str) -> list[str]:
+def modules_after(statement: str) -> list[str]:
     code = f"import sys, json\n{statement}\nprint(json.dumps(sorted(sys.modules)))\n"
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -21,14 +21,14 @@ def _modules_after(statement: str) -> list[str]:
 
 
 def test_import_bitfault_loads_no_framework():
-    loaded = _modules_after("import bitfault")
+    loaded = modules_after("import bitfault")
     assert "bitfault" in loaded and "numpy" in loaded
     heavy = [m for m in loaded if m.split(".")[0] in HEAVY]
     assert heavy == []
 
 
 def test_core_modules_load_no_framework():
-    loaded = _modules_after("import bitfault.formats, bitfault.faults, bitfault.maps, "
+    loaded = modules_after("import bitfault.formats, bitfault.faults, bitfault.maps, "
                             "bitfault.inject, bitfault.spec")
     assert [m for m in loaded if m.split(".")[0] in HEAVY] == []
 
