@@ -2,12 +2,12 @@
 
 The only module of the adapter that chooses a kernel. Dense masks in a TensorFlow
 graph (``FaultyLayer``, ``inject``, the recipes and ``fit``): ``fault_function``
-picks the format's TensorFlow arithmetic (``bitfault.keras.kernels.scalar``), ``fused`` runs
-the tensors of a layer as one XLA-compiled pass (plain TensorFlow ops with
-``BITFAULT_KERAS_XLA=0``), ``straight_through`` wires the gradient. Sparse maps on
-a tensor stored once (``KerasEvaluator``): ``stored`` and ``faulty_elements``, the
-NumPy core, so a map costs its faulty elements alone. Every path is bit for bit
-``bitfault.inject``.
+picks the format's TensorFlow arithmetic (registered by format type in
+``bitfault.keras.kernels``), ``fused`` runs the tensors of a layer as one
+XLA-compiled pass (plain TensorFlow ops with ``BITFAULT_KERAS_XLA=0``),
+``straight_through`` wires the gradient. Sparse maps on a tensor stored once
+(``KerasEvaluator``): ``stored`` and ``faulty_elements``, the NumPy core, so a map
+costs its faulty elements alone. Every path is bit for bit ``bitfault.inject``.
 """
 
 from __future__ import annotations
@@ -23,16 +23,10 @@ import tensorflow as tf
 
 from bitfault.errors import ArgumentTypeError
 from bitfault.faults.models import BitFlip, FaultModel, StuckAt
-from bitfault.formats import BlockFormat, FixedPoint, Float, Format, IntQuant
-from bitfault.keras.kernels.blocks import block_fault, has_kernel
-from bitfault.keras.kernels.blocks import small_float_fault as small_float_lookup
-from bitfault.keras.kernels.scalar import (
-    FaultFn,
-    fixed_point_fault,
-    float_fault,
-    int_quant_fault,
-    small_float_fault,
-)
+from bitfault.formats import Format, IntQuant
+from bitfault.keras.kernels import floats  # noqa: F401  (registers every family's kernels)
+from bitfault.keras.kernels.registry import kernels_for, registered
+from bitfault.keras.kernels.scalar import FaultFn
 from bitfault.keras.layouts import Slot
 from bitfault.maps import FaultMap
 from bitfault.memory.memory import StoredArray, check_map_fits
@@ -43,25 +37,17 @@ USE_XLA = os.environ.get("BITFAULT_KERAS_XLA", "1") != "0"
 
 def check_supported(fmt: Format, fault: FaultModel) -> None:
     """Raise a clear error for a format or fault model this adapter cannot run in a graph."""
-    if isinstance(fmt, BlockFormat):
-        if not has_kernel(fmt):
-            raise TypeError(f"spec.format {fmt!r}: bitfault.keras runs the block formats MX, "
-                            "NVFP4, GGUF and GroupwiseInt in a graph (KerasEvaluator, on the "
-                            "NumPy core, takes any block format)")
-    elif not isinstance(fmt, (FixedPoint, IntQuant, Float)):
-        raise TypeError(f"spec.format must be FixedPoint, IntQuant, Float or a block format "
-                        f"(MX, NVFP4, GGUF, GroupwiseInt), got {fmt!r}")
-    if isinstance(fmt, FixedPoint) and fmt.overflow == "error":
-        raise ValueError(
-            "spec.format FixedPoint(overflow='error') is not supported by bitfault.keras: a "
-            "compiled Keras graph cannot raise on a weight value; use overflow='saturate' or "
-            "'wrap' (or check the weights with bitfault.inject in NumPy)")
-    if isinstance(fmt, Float) and fmt.codec is not None and fmt.overflow == "error":
-        raise ValueError(
-            f"spec.format Float({fmt.dtype!r}, overflow='error') is not supported by "
-            "bitfault.keras: a compiled Keras graph cannot raise on a weight value; use "
-            f"overflow='saturate'{' or ' + repr('nan') if fmt.codec.has_nan else ''} (or check "
-            "the weights with bitfault.inject in NumPy)")
+    kernels = kernels_for(fmt)
+    if kernels.fault is None:
+        blocks = registered(blocks=True)
+        if kernels.blocks:
+            raise TypeError(f"spec.format {fmt!r}: bitfault.keras runs the block formats "
+                            f"{', '.join(blocks[:-1])} and {blocks[-1]} in a graph "
+                            "(KerasEvaluator, on the NumPy core, takes any block format)")
+        raise TypeError(f"spec.format must be {', '.join(registered(blocks=False))} or a "
+                        f"block format ({', '.join(blocks)}), got {fmt!r}")
+    if kernels.check is not None:
+        kernels.check(fmt)
     if not isinstance(fault, (BitFlip, StuckAt)):
         raise TypeError(f"spec.fault must be BitFlip() or StuckAt(0|1), got {fault!r}")
 
@@ -70,20 +56,10 @@ def fault_function(fmt: Format, fault: FaultModel, axis: int | None = None) -> F
     """``(x, mask) -> faulty x`` for one tensor; ``axis``: IntQuant's channel axis in x, or
     the axis of x a block format's blocks run along (then ``mask`` is one mask per plane)."""
     check_supported(fmt, fault)
-    if isinstance(fmt, BlockFormat):
-        if axis is None:
-            raise ValueError(f"a block format ({fmt!r}) needs the axis its blocks run along")
-        return block_fault(fmt, fault, axis)  # type: ignore[return-value]
-    if isinstance(fmt, FixedPoint):
-        return fixed_point_fault(fmt, fault)
-    if isinstance(fmt, IntQuant):
-        return int_quant_fault(fmt, fault, axis)
-    codec = fmt.codec  # type: ignore[attr-defined]
-    if codec is not None and codec.subnormals:  # the core's float32 table: two gathers
-        return small_float_lookup(fmt, fault)  # type: ignore[arg-type]
-    if codec is not None:  # E8M0 (its smallest value is a float32 subnormal)
-        return small_float_fault(fmt, fault)  # type: ignore[arg-type]
-    return float_fault(fmt, fault)  # type: ignore[arg-type]
+    kernels = kernels_for(fmt)
+    if kernels.blocks and axis is None:
+        raise ValueError(f"a block format ({fmt!r}) needs the axis its blocks run along")
+    return kernels.fault(fmt, fault, axis)  # type: ignore[misc]
 
 
 def inject_tensor(x: Any, fmt: Format, fault: FaultModel, fmap: FaultMap) -> tf.Tensor:
@@ -98,7 +74,7 @@ def inject_tensor(x: Any, fmt: Format, fault: FaultModel, fmap: FaultMap) -> tf.
         raise ArgumentTypeError("x", x, "a float32 tensor", tail=f", got dtype {x.dtype.name}")
     shape = tuple(int(d) for d in x.shape)
     check_map_fits(fmap, shape, fmt)
-    if isinstance(fmt, BlockFormat):
+    if kernels_for(fmt).blocks:
         check_supported(fmt, fault)
         lay = fmt.layout(shape)  # the block axis must exist
         shapes = fmt.plane_shapes(shape)
@@ -145,7 +121,7 @@ def fused_fault_function(fns: Sequence[FaultFn], jit: bool = True,
 def _fused(fmt: Format, fault: FaultModel, axes: tuple[int | None, ...], jit: bool,
            ranks: tuple[int | None, ...] = ()) -> Any:
     return fused_fault_function([fault_function(fmt, fault, a) for a in axes], jit=jit,
-                                static_shapes=isinstance(fmt, BlockFormat))
+                                static_shapes=kernels_for(fmt).blocks)
 
 
 def fused(fmt: Format, fault: FaultModel, axes: tuple[int | None, ...]) -> Any:
@@ -165,8 +141,8 @@ def channel_axis(slot: Slot, fmt: Format) -> int | None:
     """The axis of ``slot``'s work layout (``Slot.work_axis``) that IntQuant(per_channel=...)
     calibrates along, or that a block format's blocks run along (its ``axis`` is in PyTorch
     layout), or None."""
-    if isinstance(fmt, BlockFormat):
-        return slot.work_axis(fmt.axis)
+    if kernels_for(fmt).blocks:
+        return slot.work_axis(fmt.axis)  # type: ignore[attr-defined]
     if isinstance(fmt, IntQuant) and fmt.axis is not None and slot.variable is not None:
         return slot.work_axis(fmt.axis)
     return None
@@ -186,7 +162,7 @@ def _fused_checked(fmt: Format, fault: FaultModel, axes: tuple[int | None, ...],
     if not jit:
         return run
     return tf.function(run, jit_compile=True, autograph=False,
-                       reduce_retracing=not isinstance(fmt, BlockFormat))
+                       reduce_retracing=not kernels_for(fmt).blocks)
 
 
 def fused_checked(fmt: Format, fault: FaultModel, axes: tuple[int | None, ...],

@@ -36,6 +36,7 @@ from bitfault.formats.minifloat import SMALL_FLOATS
 from bitfault.formats.mx import EMAX_ELEM, MX
 from bitfault.formats.nvfp4 import NVFP4
 from bitfault.keras.kernels.minifloat import _decode_small, _encode_small
+from bitfault.keras.kernels.registry import register
 from bitfault.keras.kernels.scalar import (
     _apply_fault,
     _float16_to_float32,
@@ -374,6 +375,12 @@ def block_fault(fmt: BlockFormat, fault: FaultModel, axis: int) -> BlockFaultFn:
 def plane_dtypes(fmt: BlockFormat) -> list[np.dtype]:
     """The container dtype of each plane's mask, in plane order."""
     return [np.dtype(p.format.container) for p in fmt.planes]
+
+
+
+register(BlockFormat, blocks=True)  # planes in blocks; kernels for the types below alone
+for _format_type in _KERNELS:
+    register(_format_type, exact=True, fault=block_fault)
 
 
 __all__ = ["KERNEL_FORMATS", "BlockFaultFn", "block_fault", "has_kernel", "plane_dtypes",

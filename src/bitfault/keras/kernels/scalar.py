@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from bitfault.faults.models import BitFlip, FaultModel
 from bitfault.formats import FixedPoint, Float, IntQuant
+from bitfault.keras.kernels.registry import register
 
 FaultFn = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
 
@@ -266,6 +267,20 @@ def small_float_fault(fmt: Float, fault: FaultModel) -> FaultFn:
         return tf.bitcast(tf.gather(table, words), tf.float32)
 
     return run
+
+
+
+def _check_fixed(fmt: FixedPoint) -> None:
+    if fmt.overflow == "error":
+        raise ValueError(
+            "spec.format FixedPoint(overflow='error') is not supported by bitfault.keras: a "
+            "compiled Keras graph cannot raise on a weight value; use overflow='saturate' or "
+            "'wrap' (or check the weights with bitfault.inject in NumPy)")
+
+
+register(FixedPoint, fault=lambda fmt, fault, axis: fixed_point_fault(fmt, fault),
+         check=_check_fixed)
+register(IntQuant, fault=int_quant_fault)
 
 
 __all__ = ["FaultFn", "fixed_point_fault", "float_fault", "int_quant_fault", "small_float_fault"]
