@@ -64,7 +64,7 @@ import torch
 from torch import nn
 
 import bitfault as bf
-import bitfault.torch.single_faults as shortcut
+import bitfault.torch.evaluate.single_faults as shortcut
 from bitfault.campaign import run, single_faults
 from bitfault.torch import TorchEvaluator
 
@@ -257,7 +257,7 @@ def bitfault_campaign(model: nn.Module, x: torch.Tensor, faults: list[Fault], st
 
 
 def without(name: str, campaign: Any) -> Any:
-    """``campaign`` run with ``bitfault.torch.single_faults.<name>`` returning None (a
+    """``campaign`` run with ``bitfault.torch.evaluate.single_faults.<name>`` returning None (a
     rank-one step switched off), put back afterwards."""
     def ablated(*args: Any) -> Any:
         original = getattr(shortcut, name)

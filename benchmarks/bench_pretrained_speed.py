@@ -246,7 +246,8 @@ def minilm(args: argparse.Namespace) -> list[dict]:
     from bitfault.campaign.similarity import SimilarityMetric
     from bitfault.data.text import text_pairs
     from bitfault.maps import FaultMap
-    from bitfault.torch import OutputEvaluator, outputs
+    from bitfault.torch import OutputEvaluator
+    from bitfault.torch.evaluate import outputs
     from bitfault.torch.hf import mean_pooled
     from bitfault.torch.seam import inject_tensor
 

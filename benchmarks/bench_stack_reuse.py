@@ -2,7 +2,7 @@
 faults lie in block k only, as a ratio to a trial run through the whole model.
 
 One ``GGUFEvaluator`` on ~512 tokens of gensim's Lee corpus (4 windows of 128, one
-batch); its clean run keeps the output of every block (``bitfault.torch.stack_reuse``).
+batch); its clean run keeps the output of every block (``bitfault.torch.evaluate.stack_reuse``).
 Per k, maps faulting the seven ``blk.k.*`` matrices (codes, scales, minimums at
 ``--ber``) are written into the model and its forward is timed, interleaved, with the
 blocks before k reusing the kept clean output (as the evaluator's trials run it) and

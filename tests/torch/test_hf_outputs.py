@@ -16,12 +16,12 @@ import bitfault as bf  # noqa: E402
 from bitfault.campaign import rate_sweep, run, trial_maps  # noqa: E402
 from bitfault.campaign.metrics import make_records, outcome_summary  # noqa: E402
 from bitfault.torch import OutputEvaluator, inject_  # noqa: E402
+from bitfault.torch.evaluate.outputs import model_output  # noqa: E402
 from bitfault.torch.hf import (  # noqa: E402
     mean_pooled,
     next_token_labels,
     token_windows,
 )
-from bitfault.torch.outputs import model_output  # noqa: E402
 
 MEMORY = bf.Memory(bf.IntQuant(8, per_channel=True), bf.BitFlip())
 

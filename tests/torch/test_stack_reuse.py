@@ -1,4 +1,4 @@
-"""Block-boundary reuse (``bitfault.torch.stack_reuse``) in ``OutputEvaluator`` and
+"""Block-boundary reuse (``bitfault.torch.evaluate.stack_reuse``) in ``OutputEvaluator`` and
 ``GGUFEvaluator``: a trial faulting blocks >= k starts from block k's clean input, and its
 outputs equal, bit for bit, a whole-model run of a copy of the model faulted by
 ``inject_`` (or, for GGUF, by ``GGUFModel.inject_``); hooks on the blocks' modules show
@@ -21,9 +21,9 @@ from tiny_hf import bert, gpt2, llama  # noqa: E402
 import bitfault as bf  # noqa: E402
 from bitfault.campaign.evaluator import memory_key  # noqa: E402
 from bitfault.torch import OutputEvaluator, inject_  # noqa: E402
+from bitfault.torch.evaluate.outputs import model_output  # noqa: E402
+from bitfault.torch.evaluate.stack_reuse import find_stack, spread  # noqa: E402
 from bitfault.torch.hf import next_token_labels  # noqa: E402
-from bitfault.torch.outputs import model_output  # noqa: E402
-from bitfault.torch.stack_reuse import find_stack, spread  # noqa: E402
 
 MEMORY = bf.Memory(bf.IntQuant(8, per_channel=True), bf.BitFlip())
 N, T = 4, 12
@@ -324,8 +324,8 @@ def test_gguf_tied_embedding_faults_in_unread_rows_start_after_the_stack(tmp_pat
 
 
 def test_rows_before_stack_refuses_when_something_else_reads_the_weight():
-    from bitfault.torch.stack_reuse import StackReuse
-    from bitfault.torch.unread_rows import RowsBeforeStack, tied_candidates
+    from bitfault.torch.evaluate.stack_reuse import StackReuse
+    from bitfault.torch.evaluate.unread_rows import RowsBeforeStack, tied_candidates
 
     model = gpt2()  # its token embedding is its LM head's weight
     stack = StackReuse(model, "transformer.h")

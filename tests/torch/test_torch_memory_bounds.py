@@ -30,7 +30,7 @@ from bitfault.campaign import (  # noqa: E402
     trial_maps,
 )
 from bitfault.torch import TorchEvaluator, inject_, inject_tensor  # noqa: E402
-from bitfault.torch.budget import ByteBudget  # noqa: E402
+from bitfault.torch.evaluate.budget import ByteBudget  # noqa: E402
 
 FIXED = bf.Memory(bf.FixedPoint(32, 28, rounding="trunc"), bf.BitFlip())
 F32 = bf.Memory(bf.Float("float32"), bf.BitFlip())

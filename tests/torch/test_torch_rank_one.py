@@ -1,4 +1,4 @@
-"""``bitfault.torch.rank_one``: a change in one channel carried through linear layers.
+"""``bitfault.torch.evaluate.rank_one``: a change in one channel carried through linear layers.
 
 Reference: the same graph run on whole rows with the changed channel written in; the
 carried form ``clean + u * delta`` must equal it to rounding at every node it reaches,
@@ -14,8 +14,8 @@ torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-from bitfault.torch.graph import TracedGraph, run_nodes  # noqa: E402
-from bitfault.torch.rank_one import carry, channel_map, materialize  # noqa: E402
+from bitfault.torch.evaluate.graph import TracedGraph, run_nodes  # noqa: E402
+from bitfault.torch.evaluate.rank_one import carry, channel_map, materialize  # noqa: E402
 
 
 def _bn(c: int, seed: int) -> nn.BatchNorm2d:

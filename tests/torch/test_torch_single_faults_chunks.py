@@ -26,8 +26,8 @@ from torch import nn  # noqa: E402
 import bitfault as bf  # noqa: E402
 from bitfault.campaign import single_faults, trial_maps  # noqa: E402
 from bitfault.torch import TorchEvaluator  # noqa: E402
-from bitfault.torch.budget import held_bytes  # noqa: E402
-from bitfault.torch.graph import TracedGraph  # noqa: E402
+from bitfault.torch.evaluate.budget import held_bytes  # noqa: E402
+from bitfault.torch.evaluate.graph import TracedGraph  # noqa: E402
 
 F32 = bf.Memory(bf.Float("float32"), bf.BitFlip())
 GIB = 1 << 30

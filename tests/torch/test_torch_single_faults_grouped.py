@@ -25,7 +25,7 @@ from torch import nn  # noqa: E402
 import bitfault as bf  # noqa: E402
 from bitfault.campaign import single_faults, trial_maps  # noqa: E402
 from bitfault.torch import TorchEvaluator, inject_tensor  # noqa: E402
-from bitfault.torch.conv_calls import conv_call  # noqa: E402
+from bitfault.torch.evaluate.conv_calls import conv_call  # noqa: E402
 
 FIXED = bf.Memory(bf.FixedPoint(32, 28, rounding="trunc"), bf.BitFlip())
 INT8 = bf.Memory(bf.IntQuant(8, per_channel=True), bf.BitFlip())
@@ -250,7 +250,7 @@ def test_channel_steps_equal_the_full_operations_bit_for_bit(data) -> None:
     """From the expand conv, BN, ReLU6, the depthwise conv, BN, ReLU6 run on chosen
     channels alone and give those channels of the clean run exactly; the project conv
     (it mixes channels) ends the chain. From the project conv: BN, the residual add."""
-    from bitfault.torch.channel_ops import channel_step
+    from bitfault.torch.evaluate.channel_ops import channel_step
 
     ev = TorchEvaluator(trained(MobileNetLike(), data), *data)
     env = ev._clean_env(FIXED)[0].values
@@ -333,7 +333,7 @@ class TwoBlocks(nn.Module):
 def test_1x1_convs_after_one_changed_channel_are_rank_one_updates(data) -> None:
     """After a fault in block 1's expand or depthwise conv, neither its 1x1 project conv
     nor block 2's 1x1 expand conv (after BN and the residual add) is run: rank-one
-    updates (``bitfault.torch.rank_one``); predictions equal brute force. After a fault
+    updates (``bitfault.torch.evaluate.rank_one``); predictions equal brute force. After a fault
     in block 1's project conv, block 2's expand conv is the first update."""
     check(TwoBlocks(), data, FIXED, ["block.expand.weight", "block.dw.weight"],
           not_run=("block.project", "block2.expand"))

@@ -24,10 +24,10 @@ except ModuleNotFoundError as exc:  # pragma: no cover - exercised only without 
     raise ModuleNotFoundError(
         "bitfault.torch needs PyTorch: pip install 'bitfault[torch]' (or torch itself)") from exc
 
-from bitfault.torch.evaluate import TorchEvaluator
+from bitfault import MOVED_MODULES
+from bitfault.torch.evaluate import OutputEvaluator, TorchEvaluator
 from bitfault.torch.handle import FaultHandle, batch_map
 from bitfault.torch.inject import inject_
-from bitfault.torch.outputs import OutputEvaluator
 from bitfault.torch.recipes import (
     BoundedReLU,
     ClipHandle,
@@ -45,6 +45,12 @@ from bitfault.torch.train import (
     randbet_step,
     stored_weights,
 )
+
+# the evaluator's modules live in bitfault.torch.evaluate; the old paths still import
+MOVED_MODULES.update({f"bitfault.torch.{m}": f"bitfault.torch.evaluate.{m}" for m in (
+    "activations", "batch_roles", "budget", "channel_ops", "conv_calls", "graph", "outputs",
+    "rank_one", "replica", "single_faults", "stack_reuse", "unread_rows")})
+MOVED_MODULES["bitfault.torch.plan"] = "bitfault.torch.evaluate.planner"
 
 __all__ = ["DEFAULT_MODULES", "BoundedReLU", "ClipHandle", "FaultHandle", "OutputEvaluator",
            "Selected", "TorchEvaluator", "batch_map", "bound_relus_", "calibrate_relu_thresholds",

@@ -10,7 +10,7 @@ then the model runs on the token windows and an ``OutputMetric`` compares its lo
 the clean run's (the clean logits and the metric's clean side, ``CleanRows``, kept per batch
 within ``max_bytes``: a trial computes only the faulty side). A trial whose faults lie in
 blocks ``>= k`` (``blk.N.`` tensors, mapped to the model's ``model.layers.N``) starts from
-the clean output of block ``k - 1`` (``bitfault.torch.stack_reuse``, bounded by
+the clean output of block ``k - 1`` (``bitfault.torch.evaluate.stack_reuse``, bounded by
 ``max_bytes``).
 """
 
@@ -31,7 +31,7 @@ from bitfault.formats import GGUF, BlockFormat, Format, plane_formats
 from bitfault.formats.blocks import CODES
 from bitfault.maps import FaultMap
 from bitfault.memory.memory import Memory
-from bitfault.torch.unread_rows import RowsBeforeStack
+from bitfault.torch.evaluate.unread_rows import RowsBeforeStack
 
 REPRESENTATIVE = GGUF("q4_1")  # every plane a GGUF block can have: codes, scale, min
 CLEAN = "gguf"  # the key of the clean run's block outputs: the file itself, any fault model
@@ -79,7 +79,7 @@ class GGUFEvaluator:
                  stack_reuse: bool = True, stack: str | None = None) -> None:
         import torch
 
-        from bitfault.torch.stack_reuse import StackReuse
+        from bitfault.torch.evaluate.stack_reuse import StackReuse
 
         if not isinstance(stack_reuse, bool):
             raise ArgumentTypeError("stack_reuse", stack_reuse, "True or False")

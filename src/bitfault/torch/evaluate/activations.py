@@ -23,8 +23,8 @@ import numpy as np
 from bitfault.campaign.evaluator import predicted_labels
 from bitfault.maps import FaultMap
 from bitfault.memory.memory import Memory
-from bitfault.torch.budget import ByteBudget, held_bytes, storages
-from bitfault.torch.graph import TracedGraph
+from bitfault.torch.evaluate.budget import ByteBudget, held_bytes, storages
+from bitfault.torch.evaluate.graph import TracedGraph
 
 
 @dataclass
@@ -120,7 +120,7 @@ class CleanActivations:
         when the graph's output is not a tensor)."""
         import torch
 
-        from bitfault.torch.graph import run_nodes
+        from bitfault.torch.evaluate.graph import run_nodes
 
         env: dict[Any, Any] = {}
         mode = "complete"  # -> "layer" -> "none" as the budget runs out

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from bitfault.torch.graph import TracedGraph, run_nodes, submodule
+from bitfault.torch.evaluate.graph import TracedGraph, run_nodes, submodule
 
 ROWS, SIZED, FIXED = "rows", "sized", "fixed"
 # metadata reads: a node that only asks its input's shape gets an expanded view of one

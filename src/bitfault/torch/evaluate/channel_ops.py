@@ -22,7 +22,7 @@ import operator
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from bitfault.torch.graph import submodule
+from bitfault.torch.evaluate.graph import submodule
 
 _BINARY = {operator.add: operator.add, operator.iadd: operator.add, operator.sub: operator.sub,
            operator.isub: operator.sub, operator.mul: operator.mul,
@@ -57,7 +57,7 @@ def channel_step(node: Any, prev: Any, model: Any, params: Mapping[str, Any], co
     import torch.nn.functional as F
     from torch import nn
 
-    from bitfault.torch.graph import run_nodes
+    from bitfault.torch.evaluate.graph import run_nodes
 
     if not node.args or len(prev.users) != 1:
         return None

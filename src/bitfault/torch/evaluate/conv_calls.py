@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from bitfault.torch.graph import submodule
+from bitfault.torch.evaluate.graph import submodule
 
 _ARGS = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
 _DEFAULTS = {"bias": None, "stride": 1, "padding": 0, "dilation": 1, "groups": 1}

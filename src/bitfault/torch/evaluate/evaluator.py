@@ -9,17 +9,17 @@ NumPy core), and the model's own ``forward`` runs on the data in eval mode under
 ``bitfault.torch.inject_`` + ``model(x)`` computes. What is reused:
 
 * the golden (fault-free) run, once per format and fault model;
-* one copy of the model (``bitfault.torch.replica``): its targeted tensors hold their
+* one copy of the model (``bitfault.torch.evaluate.replica``): its targeted tensors hold their
   stored values, a trial writes its faulty ones in and the next puts them back; the
   clean values are read from the user's model;
 * the clean activations of the model's ``torch.fx`` graph, per data batch within
-  ``max_bytes`` (``bitfault.torch.activations``): a trial whose faults sit in one tensor
+  ``max_bytes`` (``bitfault.torch.evaluate.activations``): a trial whose faults sit in one tensor
   recomputes only the nodes that depend on it;
 * single faults (one element of one Linear/Conv weight): only the changed
-  column/channel and what follows from it (``bitfault.torch.single_faults``).
+  column/channel and what follows from it (``bitfault.torch.evaluate.single_faults``).
 
 Other trials (faults in several tensors) run the model once per map. Every cache shares
-the one budget ``max_bytes`` (``bitfault.torch.budget``). ``plan()`` says which path each
+the one budget ``max_bytes`` (``bitfault.torch.evaluate.budget``). ``plan()`` says which path each
 tensor's faults take and why; a fast path that fails at run time hands its tensor to the
 exact path (one warning, recorded in ``fallbacks``). Imports torch lazily.
 """
@@ -45,11 +45,11 @@ from bitfault.formats import plane_formats
 from bitfault.formats.blocks import CODES
 from bitfault.maps import FaultMap
 from bitfault.memory.memory import Memory
-from bitfault.torch.activations import CleanActivations
-from bitfault.torch.budget import ByteBudget
-from bitfault.torch.plan import Plan, evaluation_plan
-from bitfault.torch.replica import ReplicaWrites, _Patched
-from bitfault.torch.single_faults import SingleFaultPaths
+from bitfault.torch.evaluate.activations import CleanActivations
+from bitfault.torch.evaluate.budget import ByteBudget
+from bitfault.torch.evaluate.planner import Plan, evaluation_plan
+from bitfault.torch.evaluate.replica import ReplicaWrites, _Patched
+from bitfault.torch.evaluate.single_faults import SingleFaultPaths
 
 EVALUATED_KINDS = ("weights", "biases", "buffers")  # stored tensors; activations: inject_
 # what a pickled evaluator leaves behind (rebuilt on the worker by ``_fresh_caches``)
@@ -252,8 +252,9 @@ class TorchEvaluator(SingleFaultPaths, CleanActivations, ReplicaWrites):
             return self._predict_full({path: fmap}, memory)
 
     def plan(self, memory: Memory | None = None) -> Plan:
-        """Which path each target tensor's faults take and why (``bitfault.torch.plan``);
-        with ``memory``, also whether the traced graph reproduces its golden run."""
+        """Which path each target tensor's faults take and why
+        (``bitfault.torch.evaluate.planner``); with ``memory``, also whether the traced
+        graph reproduces its golden run."""
         return evaluation_plan(self, memory)
 
     def _by_path(self, maps: Maps) -> Maps:

@@ -13,7 +13,7 @@ budget of ``max_bytes``, with its other caches, and so is the metric's clean sid
 (``CleanRows``: a trial then computes only the faulty side; beyond the budget both are
 recomputed per batch). A trial whose faults lie in blocks ``>= k`` of the model's stack
 of transformer blocks starts from the clean output of block ``k - 1``
-(``bitfault.torch.stack_reuse``; those outputs bounded by ``max_bytes`` too).
+(``bitfault.torch.evaluate.stack_reuse``; those outputs bounded by ``max_bytes`` too).
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ from bitfault.campaign.metrics import CleanRows, OutputMetric, make_records
 from bitfault.errors import ArgumentTypeError
 from bitfault.formats import plane_formats
 from bitfault.memory.memory import Memory
-from bitfault.torch.evaluate import TorchEvaluator, faulty_in
-from bitfault.torch.replica import confined
-from bitfault.torch.stack_reuse import StackReuse, find_stack
-from bitfault.torch.unread_rows import RowsBeforeStack, UnreadRows, embedding_candidates
+from bitfault.torch.evaluate.evaluator import TorchEvaluator, faulty_in
+from bitfault.torch.evaluate.replica import confined
+from bitfault.torch.evaluate.stack_reuse import StackReuse, find_stack
+from bitfault.torch.evaluate.unread_rows import RowsBeforeStack, UnreadRows, embedding_candidates
 
 
 def model_output(out: Any, batch: Any = None) -> Any:
@@ -68,7 +68,7 @@ class OutputEvaluator(TorchEvaluator):
     ``StackReuse`` holding the kept outputs; ``stack_cache.reason`` says why reuse is off).
     ``unread_rows``: a trial whose faults all lie in rows of (untied) ``nn.Embedding``
     weights that the data never reads, proven once per memory by a run with those rows
-    NaN (``bitfault.torch.unread_rows``; ``unread``: its record), is masked without a
+    NaN (``bitfault.torch.evaluate.unread_rows``; ``unread``: its record), is masked without a
     forward; False: such trials run too.
     """
 

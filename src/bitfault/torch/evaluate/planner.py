@@ -4,9 +4,9 @@ Paths, fastest first (every one gives the predictions of the model's own forward
 shortcut's Linear column and rank-one updates to rounding, docs/campaigns.md):
 
 * ``"shortcut"``: single faults (one element of the codes plane) compute only the
-  changed column/channel and what follows from it (``bitfault.torch.single_faults``);
+  changed column/channel and what follows from it (``bitfault.torch.evaluate.single_faults``);
 * ``"layer"``: the traced graph recomputes the nodes that depend on the tensor from the
-  clean activations (``bitfault.torch.activations``);
+  clean activations (``bitfault.torch.evaluate.activations``);
 * ``"model"``: the whole model runs once per trial.
 
 ``path`` is the path of a single fault, ``several`` that of a trial whose faults all sit

@@ -21,8 +21,8 @@ import operator
 from collections.abc import Mapping
 from typing import Any
 
-from bitfault.torch.channel_ops import untouched_operand
-from bitfault.torch.graph import submodule
+from bitfault.torch.evaluate.channel_ops import untouched_operand
+from bitfault.torch.evaluate.graph import submodule
 
 _SIGN = {operator.add: 1.0, operator.iadd: 1.0, operator.sub: -1.0, operator.isub: -1.0}
 

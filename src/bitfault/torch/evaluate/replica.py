@@ -26,7 +26,7 @@ from bitfault.formats import plane_formats
 from bitfault.formats.blocks import CODES
 from bitfault.maps import FaultMap
 from bitfault.memory.memory import Memory, StoredArray
-from bitfault.torch.budget import ByteBudget, array_bytes
+from bitfault.torch.evaluate.budget import ByteBudget, array_bytes
 
 WHOLE = None  # an undo record: the whole tensor is to be stored again
 

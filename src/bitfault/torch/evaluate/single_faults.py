@@ -7,7 +7,7 @@ Conv channels are recomputed with the faulty weight; a Linear column is
 ``clean + x[:, j] * (w' - w)``, which can differ from a full matmul in the last bit of
 that column; the first Linear or 1x1 convolution after the one changed channel is
 updated the same way, by ``delta * W[:, c]``, and that form carried on through linear
-layers (``bitfault.torch.rank_one``; see docs/campaigns.md).
+layers (``bitfault.torch.evaluate.rank_one``; see docs/campaigns.md).
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ import numpy as np
 from bitfault.campaign.evaluator import predicted_labels, stores_elementwise
 from bitfault.maps import FaultMap
 from bitfault.memory.memory import Memory
-from bitfault.torch.batch_roles import BatchRoles
-from bitfault.torch.channel_ops import channel_step
-from bitfault.torch.conv_calls import ConvCall, captured, conv_call
-from bitfault.torch.graph import TracedGraph, run_nodes, submodule
-from bitfault.torch.rank_one import carry, channel_map, materialize
+from bitfault.torch.evaluate.batch_roles import BatchRoles
+from bitfault.torch.evaluate.channel_ops import channel_step
+from bitfault.torch.evaluate.conv_calls import ConvCall, captured, conv_call
+from bitfault.torch.evaluate.graph import TracedGraph, run_nodes, submodule
+from bitfault.torch.evaluate.rank_one import carry, channel_map, materialize
 
 # Stacked rows per call, at most: larger stacks ran slower on the CPU (a MobileNetV2-style
 # net, 64x64 inputs: 256 MiB stacks 5.5x slower than 16 MiB ones; docs/campaigns.md).

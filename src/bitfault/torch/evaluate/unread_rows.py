@@ -24,8 +24,8 @@ import numpy as np
 
 from bitfault.maps import FaultMap
 from bitfault.memory.memory import Memory
-from bitfault.torch.replica import confined
-from bitfault.torch.stack_reuse import same_bits
+from bitfault.torch.evaluate.replica import confined
+from bitfault.torch.evaluate.stack_reuse import same_bits
 
 
 def embedding_candidates(model: Any, paths: list[str], tied: Mapping[str, Any]
