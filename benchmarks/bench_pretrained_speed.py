@@ -174,7 +174,7 @@ def smollm2(args: argparse.Namespace) -> list[dict]:
     from bitfault.data.text import lee_corpus, token_windows
     from bitfault.faults import BitFlip
     from bitfault.maps import FaultMap
-    from bitfault.torch import gguf_eval
+    from bitfault.torch.gguf import evaluate as gguf_eval
     from bitfault.torch.gguf import load_gguf_model
     from bitfault.torch.hf import next_token_labels
 

@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from bitfault.data.text import lee_corpus, token_windows
     from bitfault.torch.gguf import load_gguf_model
-    from bitfault.torch.gguf_eval import CLEAN, GGUFEvaluator
+    from bitfault.torch.gguf.evaluate import CLEAN, GGUFEvaluator
     from bitfault.torch.hf import next_token_labels
 
     torch.set_num_threads(args.threads)

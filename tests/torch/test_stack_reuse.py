@@ -238,7 +238,7 @@ def test_a_bad_stack_is_refused_by_name():
 def test_gguf_trials_reuse_blocks_and_equal_whole_runs(tmp_path):
     pytest.importorskip("gguf")
     from bitfault.torch.gguf import load_gguf_model
-    from bitfault.torch.gguf_eval import GGUFEvaluator
+    from bitfault.torch.gguf.evaluate import GGUFEvaluator
     from gguf_helpers import write_tiny_llama
 
     gm = load_gguf_model(write_tiny_llama(tmp_path / "tiny.gguf", seed=4, tied=True))
@@ -285,7 +285,7 @@ def test_gguf_tied_embedding_faults_in_unread_rows_start_after_the_stack(tmp_pat
     pytest.importorskip("gguf")
     from bitfault.maps import FaultMap
     from bitfault.torch.gguf import load_gguf_model
-    from bitfault.torch.gguf_eval import GGUFEvaluator
+    from bitfault.torch.gguf.evaluate import GGUFEvaluator
     from gguf_helpers import HIDDEN, write_tiny_llama
 
     gm = load_gguf_model(write_tiny_llama(tmp_path / "tiny.gguf", seed=5, tied=True))

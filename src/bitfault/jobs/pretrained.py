@@ -5,7 +5,7 @@ and one evaluator per recipe (storage format), all checked before anything is wr
 ``AutoModel`` with mean pooling (cosine) from the directory, each recipe's format storing
 every targeted weight (``bitfault.torch.OutputEvaluator``). ``model.kind: gguf``: the file
 loaded once (``bitfault.torch.gguf.load_gguf_model``), faulted in the planes it stores
-(``bitfault.torch.gguf_eval``). Text: ``data.path`` (a UTF-8 file, or ``lee``: gensim's Lee
+(``bitfault.torch.gguf.evaluate``). Text: ``data.path`` (a UTF-8 file, or ``lee``: gensim's Lee
 corpus) through the model's tokenizer (or ``data.tokenizer``): ``data.windows`` rows of
 ``data.context`` tokens for a language model, the first ``data.windows`` non-empty lines
 (truncated to ``data.context`` tokens) for embeddings; ``data.source: pairs`` (metric
@@ -251,7 +251,7 @@ def _hf_evaluator(config: RunConfig, model: Any, inputs: Any, labels: Any,
 def _plan_gguf(config: RunConfig, recipe: Recipe, windows: Any, labels: Any) -> Plan:
     from bitfault.jobs.summary import build_trials
     from bitfault.torch.gguf import load_gguf_model
-    from bitfault.torch.gguf_eval import GGUFEvaluator
+    from bitfault.torch.gguf.evaluate import GGUFEvaluator
 
     c = config.campaign
     try:

@@ -51,6 +51,8 @@ MOVED_MODULES.update({f"bitfault.torch.{m}": f"bitfault.torch.evaluate.{m}" for 
     "activations", "batch_roles", "budget", "channel_ops", "conv_calls", "graph", "outputs",
     "rank_one", "replica", "single_faults", "stack_reuse", "unread_rows")})
 MOVED_MODULES["bitfault.torch.plan"] = "bitfault.torch.evaluate.planner"
+MOVED_MODULES["bitfault.torch.gguf_eval"] = "bitfault.torch.gguf.evaluate"
+MOVED_MODULES["bitfault.torch.gguf_patch"] = "bitfault.torch.gguf.patch"
 
 __all__ = ["DEFAULT_MODULES", "BoundedReLU", "ClipHandle", "FaultHandle", "OutputEvaluator",
            "Selected", "TorchEvaluator", "batch_map", "bound_relus_", "calibrate_relu_thresholds",

@@ -30,7 +30,7 @@ from bitfault.errors import ArgumentError
 from bitfault.faults.models import BitFlip, FaultModel, as_fault_model
 from bitfault.files.gguf_memory import GGUFMemory
 from bitfault.maps import FaultMap
-from bitfault.torch.gguf_patch import ElementPlaces, Written, faulty_elements
+from bitfault.torch.gguf.patch import ElementPlaces, Written, faulty_elements
 
 MERGING = ("qwen2moe", "qwen3moe", "gpt_oss", "gpt-oss", "minimax-m2")
 
