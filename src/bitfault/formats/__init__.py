@@ -37,6 +37,7 @@ from bitfault.formats.nvfp4 import NVFP4
 
 # helpers the other bitfault packages use, importable from here but not part of ``__all__``
 _HELPERS = {
+    "channel_axis": "bitfault.formats.planes",
     "check_float_input": "bitfault.formats.base",
     "container_dtype": "bitfault.formats.base",
     "gradient_bounds": "bitfault.formats.base",

@@ -15,11 +15,19 @@ import numpy as np
 from bitfault.errors import ArgumentError
 from bitfault.formats.base import Format
 from bitfault.formats.blocks import CODES, FIELD_SEPARATOR, BlockFormat
+from bitfault.formats.intquant import IntQuant
 
 
 def is_block_format(fmt: Any) -> bool:
     """Whether ``fmt`` stores several planes (a ``BlockFormat``)."""
     return isinstance(fmt, BlockFormat)
+
+
+def channel_axis(fmt: Any) -> int | None:
+    """The axis a format's quantisation parameters run along (an ``IntQuant``'s per-channel
+    axis, possibly negative); None where one set covers the tensor, and for block formats,
+    whose blocks follow their layout's axis."""
+    return fmt.axis if isinstance(fmt, IntQuant) else None
 
 
 def plane_formats(fmt: Format) -> dict[str, Format]:
@@ -75,4 +83,4 @@ def split_by_plane(selection: Any, fmt: Format, argument: str = "bits") -> dict[
     return {n: lists[n] for n in names if n in lists}
 
 
-__all__ = ["is_block_format", "plane_formats", "split_by_plane"]
+__all__ = ["channel_axis", "is_block_format", "plane_formats", "split_by_plane"]

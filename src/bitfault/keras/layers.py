@@ -28,7 +28,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from bitfault.formats import BlockFormat, Format, gradient_bounds
+from bitfault.formats import Format, gradient_bounds
+from bitfault.formats.planes import is_block_format
 from bitfault.keras.layouts import (
     SUPPORTED_NAMES,
     Slot,
@@ -214,7 +215,7 @@ class FaultyLayer(keras.layers.Wrapper):
         maps = self._preset_maps or draw_maps(slots, self.spec, self.step)
         masks = []
         fmt = self.spec.format
-        planes = [p.name for p in fmt.planes] if isinstance(fmt, BlockFormat) else ["codes"]
+        planes = [p.name for p in fmt.planes] if is_block_format(fmt) else ["codes"]
         for slot in slots:
             variables = []
             short = slot.name[len(self.tensor_prefix) + 1:].replace(".", "_")

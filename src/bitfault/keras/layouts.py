@@ -20,7 +20,8 @@ from typing import Any
 import keras
 import numpy as np
 
-from bitfault.formats import BlockFormat, Format, IntQuant
+from bitfault.formats import Format
+from bitfault.formats.planes import channel_axis, is_block_format
 from bitfault.keras.kinds import CHANNELS_LAST, NO_ACTIVATIONS, SUPPORTED_NAMES, plan_layer, planner
 from bitfault.maps import FaultMap
 from bitfault.memory.memory import Memory
@@ -198,20 +199,21 @@ def plan_slots(layer: Any, prefix: str, kinds: Collection[str], fmt: Format | No
             raise ValueError(f"activation faults on {prefix!r} need a fixed per-example output "
                              f"shape; the layer's output shape is {output_shape}")
         shape = tuple(int(d) for d in output_shape[1:])
-        if isinstance(fmt, IntQuant) and fmt.axis is not None:
+        if channel_axis(fmt) is not None:
             raise ValueError("spec.format IntQuant(per_channel=...) is not supported for "
                              "activation faults in bitfault.keras; use per_channel=False")
         slots.append(Slot("activations", f"{prefix}.output", shape,
                           _output_perm(layer, len(shape)), layer=prefix))
-    if isinstance(fmt, BlockFormat) and any(s.variable is None for s in slots):
+    if is_block_format(fmt) and any(s.variable is None for s in slots):
         raise ValueError(f"spec.format {fmt!r} is a block format: bitfault.keras faults "
                          "weights and biases stored in it, not activations (use an element "
                          "format for activation faults)")
-    if isinstance(fmt, IntQuant) and fmt.axis is not None:
+    axis = channel_axis(fmt)
+    if axis is not None:
         for slot in slots:
             if slot.variable is not None:
-                slot.work_axis(fmt.axis)  # the channel axis must exist
-    if isinstance(fmt, BlockFormat):
+                slot.work_axis(axis)  # the channel axis must exist
+    if is_block_format(fmt):
         for slot in slots:
             fmt.layout(slot.torch_shape)  # the block axis must exist (ArgumentError)
     return slots
@@ -245,7 +247,7 @@ def dense_masks(slot: Slot, fmap: FaultMap, memory: Memory) -> tuple[np.ndarray,
     first; a block plane in its permuted plane shape, a tensor plane shape ``()``), each in
     its plane's container dtype with the faults the fault model may touch there."""
     fmt = memory.format
-    if not isinstance(fmt, BlockFormat):
+    if not is_block_format(fmt):
         return (dense_mask(slot, fmap, memory),)
     shapes = fmt.plane_shapes(slot.torch_shape)
     out = []

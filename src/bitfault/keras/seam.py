@@ -23,7 +23,8 @@ import tensorflow as tf
 
 from bitfault.errors import ArgumentTypeError
 from bitfault.faults.models import BitFlip, FaultModel, StuckAt
-from bitfault.formats import Format, IntQuant
+from bitfault.formats import Format
+from bitfault.formats.planes import channel_axis as format_channel_axis
 from bitfault.keras.kernels import floats  # noqa: F401  (registers every family's kernels)
 from bitfault.keras.kernels.registry import kernels_for, registered
 from bitfault.keras.kernels.scalar import FaultFn
@@ -88,10 +89,10 @@ def inject_tensor(x: Any, fmt: Format, fault: FaultModel, fmap: FaultMap) -> tf.
                 dense[pmap.indices] = (pmap.masks & bits).astype(dense.dtype)
             masks.append(tf.constant(dense.view(dtype).reshape(shapes[plane.name])))
         return fault_function(fmt, fault, lay.axis)(x, masks)
-    axis = None
-    if isinstance(fmt, IntQuant) and fmt.axis is not None:
+    axis = format_channel_axis(fmt)
+    if axis is not None:
         fmt.reduce_axes(len(shape))  # the axis must exist
-        axis = fmt.axis % len(shape)
+        axis = axis % len(shape)
     dtype = np.dtype(fmt.container)
     dense = np.zeros(math.prod(shape), f"u{dtype.itemsize}")
     dense[fmap.indices] = (fmap.masks & np.uint32(fault.eligible_mask(fmt))).astype(dense.dtype)
@@ -143,8 +144,9 @@ def channel_axis(slot: Slot, fmt: Format) -> int | None:
     layout), or None."""
     if kernels_for(fmt).blocks:
         return slot.work_axis(fmt.axis)  # type: ignore[attr-defined]
-    if isinstance(fmt, IntQuant) and fmt.axis is not None and slot.variable is not None:
-        return slot.work_axis(fmt.axis)
+    axis = format_channel_axis(fmt)
+    if axis is not None and slot.variable is not None:
+        return slot.work_axis(axis)
     return None
 
 
