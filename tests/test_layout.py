@@ -171,3 +171,124 @@ def test_modules_stay_small():
     found = [f"{dotted}: {n} lines" for dotted, path in _modules()
              if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES]
     assert not found, f"modules over {MAX_LINES} lines:\n" + "\n".join(found)
+
+
+# ---- the package's shape (DESIGN.md's layout) ----------------------------------------------
+
+MAX_LOOSE_MODULES = 6  # top-level modules besides __init__ and __main__
+FORMAT_CLASSES = frozenset({"FixedPoint", "IntQuant", "Float", "BlockFormat", "MX", "NVFP4",
+                            "GGUF", "GroupwiseInt", "IntCodes"})
+MAX_FORMAT_ISINSTANCE = 5  # in the adapters: the rest dispatches through registries
+FRAMEWORK_NAMES = frozenset({"torch", "keras", "tensorflow", "gguf", "jax"})
+
+
+def _imports(dotted: str, path: Path) -> set[str]:
+    """The bitfault modules ``dotted`` imports anywhere (inside functions and under
+    TYPE_CHECKING too), as modules of the tree (a name imported from a package counts as
+    its submodule when it is one, else as the package)."""
+    known = {d for d, _ in _modules()}
+    is_package = path.name == "__init__.py"
+    found: set[str] = set()
+
+    def add(name: str) -> None:
+        while name and name not in known:
+            name = name.rpartition(".")[0]
+        if name and name != dotted:
+            found.add(name)
+
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "bitfault":
+                    add(alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            target = _absolute(node.module, node.level, dotted, is_package)
+            if target.split(".")[0] != "bitfault":
+                continue
+            for alias in node.names:
+                full = f"{target}.{alias.name}"
+                add(full if full in known else target)
+    return found
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_the_cycle_finder_finds_cycles():
+    assert import_cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_no_import_cycles():
+    graph = {dotted: _imports(dotted, path) for dotted, path in _modules()}
+    assert import_cycles(graph) == []
+
+
+def test_few_loose_top_level_modules():
+    loose = sorted(p.stem for p in ROOT.glob("*.py") if p.stem not in ("__init__", "__main__"))
+    assert len(loose) <= MAX_LOOSE_MODULES, loose
+
+
+def test_adapters_dispatch_on_formats_through_registries():
+    found = []
+    for dotted, path in _modules():
+        if _package(dotted) not in ("bitfault.torch", "bitfault.keras"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id == "isinstance" and len(node.args) == 2):
+                kinds = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else [node.args[1]]
+                names = {getattr(k, "id", None) or getattr(k, "attr", None) for k in kinds}
+                if names & FORMAT_CLASSES:
+                    found.append(f"{dotted}:{node.lineno}")
+    assert len(found) <= MAX_FORMAT_ISINSTANCE, found
+
+
+def test_no_branches_on_a_framework_name_outside_adapters_and_config():
+    found = []
+    for dotted, path in _modules():
+        if _package(dotted) in ("bitfault.torch", "bitfault.keras", "bitfault.config"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Compare):
+                continue
+            operands = [node.left, *node.comparators]
+            constants = [o.value for o in operands if isinstance(o, ast.Constant)]
+            for o in operands:
+                if isinstance(o, ast.Tuple | ast.List | ast.Set):
+                    constants += [e.value for e in o.elts if isinstance(e, ast.Constant)]
+            if any(c in FRAMEWORK_NAMES for c in constants if isinstance(c, str)):
+                found.append(f"{dotted}:{node.lineno}")
+    assert found == [], found
