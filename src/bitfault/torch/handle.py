@@ -8,7 +8,8 @@ them away; activation hooks fault module outputs.
 
 from __future__ import annotations
 
-import weakref
+import types
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,30 +23,18 @@ from bitfault.maps import FaultMap
 from bitfault.spec import FaultSpec
 from bitfault.torch.activation_maps import ActivationMaps
 from bitfault.torch.gradient import straight_through
+from bitfault.torch.hooks import DIRECT, LIVE, Attrs, bind, faulted_forward, release
 from bitfault.torch.seam import DeviceFaults, check_float_dtype, checked_group, faulty_group
 from bitfault.torch.slots import (
     FaultedParam,
-    FaultedTensor,
     FaultReport,
     batch_map,
+    fault_report,
     held,
     join_name,
     original_forward,
 )
 from bitfault.torch.storable import settle, storable_bounds
-
-Attrs = tuple[tuple[str, str], ...]  # (attribute, tensor name) of a module's faulted parameters
-# module -> the live handle that injects into it (one handle per module)
-LIVE: weakref.WeakKeyDictionary[nn.Module, FaultHandle] = weakref.WeakKeyDictionary()
-# module -> (handle, its name, (attribute, tensor name) of each faulted parameter): what its
-# overridden forward needs when it is called on its own
-DIRECT: weakref.WeakKeyDictionary[nn.Module, tuple[FaultHandle, str, Attrs]] = \
-    weakref.WeakKeyDictionary()
-
-
-def injected(model: nn.Module) -> bool:
-    """Whether a live handle injects faults into any module of ``model``."""
-    return any(m in LIVE for m in model.modules())
 
 
 class FaultHandle:
@@ -127,19 +116,8 @@ class FaultHandle:
     def report(self) -> FaultReport:
         """Every tensor faulted (name, kind, shape, format, faulty bits, tied names) and every
         tensor of the model left out, with the reason (``print(handle.report())``)."""
-        fmt = repr(self.spec.format)
-        tied: dict[str, list[str]] = {}
-        for (fqn, attr), name in self._aliases.items():
-            tied.setdefault(name, []).append(join_name(fqn, attr))
-        rows = [FaultedTensor(p.name, "buffers" if p.buffer else
-                              ("biases" if p.attr.endswith("bias") else "weights"), p.shape,
-                              fmt, self._maps[p.name].n_faults, tuple(tied.get(p.name, ())))
-                for p in self._params]
-        maps = self.maps  # an activation map exists once a forward showed its shape
-        rows += [FaultedTensor(n, "activations", maps[n].shape, fmt, maps[n].n_faults) if n in
-                 maps else FaultedTensor(n, "activations", (), fmt, -1)
-                 for n in self._act_names.values()]
-        return FaultReport(rows, self._left_out, self._naming)
+        return fault_report(repr(self.spec.format), self._params, self._aliases, self.maps,
+                            self._act_names.values(), self._left_out, self._naming)
 
     def resample(self, step: int) -> FaultHandle:
         """Use the transient maps of ``step``, drawn from (seed, tensor name, step): replayable."""
@@ -191,6 +169,35 @@ class FaultHandle:
         out.update(self._act_stats)
         return out
 
+    def install(self, model: nn.Module, chosen: list[tuple[str, nn.Module]],
+                by_module: dict[str, list[tuple[str, str]]]) -> None:
+        """Put ``inject_``'s hooks on ``model``, and an instance ``forward`` on each ``chosen``
+        module holding a faulted tensor (``by_module``: its (attribute, tensor name) pairs)."""
+        self._hooks.append(model.register_forward_pre_hook(bind(self._root_pre), prepend=True))
+        for fqn, module in chosen:
+            attrs = tuple(by_module.get(fqn, ()))
+            if attrs:  # called on its own, the module faults its parameters itself
+                DIRECT[module] = (self, fqn, attrs)
+                if "forward" in module.__dict__:  # an instance's own forward, kept for remove()
+                    module.__dict__["_bitfault_forward"] = module.__dict__["forward"]
+                module.forward = types.MethodType(faulted_forward, module)
+            if fqn in self._activations:
+                self._hooks.append(module.register_forward_hook(
+                    bind(self._module_post, fqn), always_call=True))
+            if attrs or fqn in self._activations:
+                LIVE[module] = self
+        self._hooks.append(model.register_forward_hook(bind(self._root_post), always_call=True))
+        if self._auto_step and not self._watched:
+            warnings.warn("inject_: a transient spec with resample='step' on a model without "
+                          "parameters: no update can mark the end of a step, so the maps of "
+                          "step 0 stay; call handle.resample(step) before each step or use "
+                          "resample='forward'", UserWarning, stacklevel=3)
+
+    @property
+    def removed(self) -> bool:
+        """Whether ``remove()`` has taken the faults off."""
+        return self._removed
+
     def remove(self) -> None:
         """Take every hook off; the modules are exactly as before ``inject_`` (idempotent)."""
         if self._removed:
@@ -204,14 +211,7 @@ class FaultHandle:
                          *(n for n, _ in module.named_buffers(recurse=False))):
                 if isinstance(module.__dict__.get(attr), torch.Tensor):
                     del module.__dict__[attr]
-            if LIVE.get(module) is self:
-                del LIVE[module]
-            if DIRECT.get(module, (None,))[0] is self:
-                del DIRECT[module]
-                module.__dict__.pop("forward", None)
-                original = module.__dict__.pop("_bitfault_forward", None)
-                if original is not None:
-                    module.forward = original
+            release(module, self)
         self._shadowed = []
         self._faults.clear()
         self._buffers.clear()
@@ -348,8 +348,8 @@ class FaultHandle:
             self._shadowed = []
 
     @torch.compiler.disable
-    def _direct_call(self, fqn: str, attrs: tuple[tuple[str, str], ...], module: nn.Module,
-                     args: tuple, kwargs: dict) -> Any:
+    def call_alone(self, fqn: str, attrs: Attrs, module: nn.Module, args: tuple,
+                   kwargs: dict) -> Any:
         """A module called on its own, outside a forward of the model: its tensors faulted for
         this call only (inside one, the model's pre-hook has already shadowed them)."""
         shadows = module.__dict__
@@ -396,5 +396,5 @@ class FaultHandle:
                         bounds=gradient_bounds(spec.format))[0]
 
 
-__all__ = ["DIRECT", "LIVE", "FaultHandle", "FaultReport", "FaultedParam", "batch_map", "held",
-           "injected", "join_name", "original_forward"]
+__all__ = ["FaultHandle", "FaultReport", "FaultedParam", "batch_map", "held", "join_name",
+           "original_forward"]

@@ -20,12 +20,9 @@ lies outside what the format stores, ``gradient_bounds``) or not at all
 
 from __future__ import annotations
 
-import types
-import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-import torch
 from torch import nn
 
 from bitfault.errors import ArgumentError, ArgumentTypeError, check_int
@@ -33,13 +30,8 @@ from bitfault.formats import BlockFormat, plane_formats, plane_map_name
 from bitfault.formats.blocks import CODES
 from bitfault.memory.memory import check_map_fits
 from bitfault.spec import FaultSpec
-from bitfault.torch.handle import (
-    DIRECT,
-    LIVE,
-    FaultedParam,
-    FaultHandle,
-    original_forward,
-)
+from bitfault.torch.handle import FaultedParam, FaultHandle
+from bitfault.torch.hooks import LIVE
 from bitfault.torch.seam import check_float_dtype
 from bitfault.torch.storable import refuse_non_finite
 from bitfault.torch.targets import FilterFn, Naming, Selected, select_modules, select_report
@@ -162,45 +154,6 @@ def inject_(model: nn.Module, spec: FaultSpec | Mapping[str, Any],
         by_module.setdefault(p.module, []).append((p.attr, p.name))
     for (fqn, attr), name in aliases.items():
         by_module.setdefault(fqn, []).append((attr, name))
-    handle._hooks.append(model.register_forward_pre_hook(_bind(handle._root_pre), prepend=True))
-    for fqn, module in chosen:
-        attrs = tuple(by_module.get(fqn, ()))
-        if attrs:  # called on its own, the module faults its parameters itself
-            DIRECT[module] = (handle, fqn, attrs)
-            if "forward" in module.__dict__:  # an instance's own forward, kept for remove()
-                module.__dict__["_bitfault_forward"] = module.__dict__["forward"]
-            module.forward = types.MethodType(_faulted_forward, module)
-        if fqn in activations:
-            handle._hooks.append(module.register_forward_hook(
-                _bind(handle._module_post, fqn), always_call=True))
-        if attrs or fqn in activations:
-            LIVE[module] = handle
-    handle._hooks.append(model.register_forward_hook(_bind(handle._root_post), always_call=True))
-    if handle._auto_step and not handle._watched:
-        warnings.warn("inject_: a transient spec with resample='step' on a model without "
-                      "parameters: no update can mark the end of a step, so the maps of step 0 "
-                      "stay; call handle.resample(step) before each step or use "
-                      "resample='forward'", UserWarning, stacklevel=2)
+    handle.install(model, chosen, by_module)
     return handle
 
-
-def _faulted_forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
-    """A chosen module's ``forward`` while faults are injected (cheaper than a pre-hook, which
-    sends every call through ``nn.Module``'s slow path): within a forward of the model its
-    parameters are already shadowed; called on its own, it shadows them for the call."""
-    entry = DIRECT.get(module)
-    if entry is not None and not entry[0]._removed:
-        handle, fqn, attrs = entry
-        for attr, _ in attrs:
-            if attr not in module.__dict__:
-                return handle._direct_call(fqn, attrs, module, args, kwargs)
-    return original_forward(module)(*args, **kwargs)
-
-
-def _bind(fn: Callable[..., Any], *bound: Any) -> Callable[..., Any]:
-    """A hook calling ``fn``: a plain function, which ``copy.deepcopy`` shares rather than
-    copies, so a copied model's hooks still answer to this handle (and go inert with it).
-    ``torch.compile`` runs it eagerly, between compiled graphs (it cannot trace Numba)."""
-    def hook(*args: Any) -> Any:
-        return fn(*bound, *args)
-    return torch.compiler.disable(hook, recursive=True)

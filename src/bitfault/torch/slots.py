@@ -107,5 +107,22 @@ class FaultReport:
         return "\n".join(lines)
 
 
-__all__ = ["FaultReport", "FaultedParam", "FaultedTensor", "batch_map", "held", "join_name",
-           "original_forward"]
+def fault_report(fmt: str, params: list[FaultedParam], aliases: dict[tuple[str, str], str],
+                 maps: dict[str, FaultMap], activations: Any, left_out: list[Any],
+                 naming: dict[str, str]) -> FaultReport:
+    """The report of a handle faulting ``params`` (tied ones: ``aliases``) and the
+    ``activations`` named so, with ``maps`` in use (an activation's once it has a shape)."""
+    tied: dict[str, list[str]] = {}
+    for (fqn, attr), name in aliases.items():
+        tied.setdefault(name, []).append(join_name(fqn, attr))
+    rows = [FaultedTensor(p.name, "buffers" if p.buffer else
+                          ("biases" if p.attr.endswith("bias") else "weights"), p.shape,
+                          fmt, maps[p.name].n_faults, tuple(tied.get(p.name, ())))
+            for p in params]
+    rows += [FaultedTensor(n, "activations", maps[n].shape, fmt, maps[n].n_faults) if n in
+             maps else FaultedTensor(n, "activations", (), fmt, -1) for n in activations]
+    return FaultReport(rows, left_out, naming)
+
+
+__all__ = ["FaultReport", "FaultedParam", "FaultedTensor", "batch_map", "fault_report", "held",
+           "join_name", "original_forward"]

@@ -35,7 +35,7 @@ from bitfault.recipes import (
     check_training_loss,
 )
 from bitfault.torch.gradient import straight_through
-from bitfault.torch.handle import injected
+from bitfault.torch.hooks import injected
 from bitfault.torch.inject import inject_
 from bitfault.torch.recipes import (
     ClipHandle,
