@@ -64,9 +64,9 @@ import torch
 from torch import nn
 
 import bitfault as bf
-import bitfault.torch.evaluate.single_faults as shortcut
 from bitfault.campaign import run, single_faults
 from bitfault.torch import TorchEvaluator
+from bitfault.torch.evaluate import single_faults as shortcut
 
 F32 = bf.Memory(bf.Float("float32"), bf.BitFlip())
 # (expansion t, output channels c, repeats n, first stride s): MobileNetV2's table
