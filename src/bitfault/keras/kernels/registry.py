@@ -9,10 +9,10 @@ API as ``bitfault.torch.kernels.registry``.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
+
+from bitfault.formats.kernel_registry import KernelRegistry
 
 
 @dataclass(frozen=True)
@@ -30,41 +30,16 @@ class Kernels:
     blocks: bool = False
 
 
-_ROLES = tuple(f.name for f in fields(Kernels))
-_REGISTRY: dict[type, dict[str, tuple[Any, bool]]] = {}
-
-
-def register(format_type: type, *, exact: bool = False, **roles: Any) -> None:
-    """Register kernels of ``format_type`` by role (the fields of ``Kernels``); ``exact``:
-    they serve that type alone, not its subclasses."""
-    unknown = set(roles) - set(_ROLES)
-    if unknown:
-        raise TypeError(f"unknown kernel roles {sorted(unknown)}; roles: {list(_ROLES)}")
-    entry = _REGISTRY.setdefault(format_type, {})
-    entry.update({role: (kernel, exact) for role, kernel in roles.items()})
-    _resolved.cache_clear()
-
-
-@functools.cache
-def _resolved(format_type: type) -> Kernels:
-    found: dict[str, Any] = {}
-    for t in format_type.__mro__:
-        for role, (kernel, exact) in _REGISTRY.get(t, {}).items():
-            if role not in found and (not exact or t is format_type):
-                found[role] = kernel
-    return Kernels(**found)
-
-
-def kernels_for(fmt: Any) -> Kernels:
-    """The kernels that compute ``fmt`` (roles it has none for are None)."""
-    return _resolved(type(fmt))
+REGISTRY: KernelRegistry[Kernels] = KernelRegistry(Kernels)
+register = REGISTRY.register
+kernels_for = REGISTRY.kernels_for
 
 
 def registered(blocks: bool) -> list[str]:
     """The names of the format types with a fault kernel, in registration order: the block
     formats or the others."""
-    return [t.__name__ for t, roles in _REGISTRY.items()
-            if "fault" in roles and _resolved(t).blocks == blocks]
+    return [t.__name__ for t in REGISTRY.types_with("fault")
+            if REGISTRY.resolve(t).blocks == blocks]
 
 
-__all__ = ["Kernels", "kernels_for", "register", "registered"]
+__all__ = ["REGISTRY", "Kernels", "kernels_for", "register", "registered"]

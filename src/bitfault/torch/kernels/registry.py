@@ -9,12 +9,11 @@ general path instead.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
-from bitfault.formats import Format
+from bitfault.formats.kernel_registry import KernelRegistry
 
 
 @dataclass(frozen=True)
@@ -52,39 +51,14 @@ class Compiled:
     strict: bool = True
 
 
-_ROLES = tuple(f.name for f in fields(Kernels))
-_REGISTRY: dict[type, dict[str, tuple[Any, bool]]] = {}
-
-
-def register(format_type: type, *, exact: bool = False, **roles: Any) -> None:
-    """Register kernels of ``format_type`` by role (the fields of ``Kernels``); ``exact``:
-    they serve that type alone, not its subclasses."""
-    unknown = set(roles) - set(_ROLES)
-    if unknown:
-        raise TypeError(f"unknown kernel roles {sorted(unknown)}; roles: {list(_ROLES)}")
-    entry = _REGISTRY.setdefault(format_type, {})
-    entry.update({role: (kernel, exact) for role, kernel in roles.items()})
-    _resolved.cache_clear()
-
-
-@functools.cache
-def _resolved(format_type: type) -> Kernels:
-    found: dict[str, Any] = {}
-    for t in format_type.__mro__:
-        for role, (kernel, exact) in _REGISTRY.get(t, {}).items():
-            if role not in found and (not exact or t is format_type):
-                found[role] = kernel
-    return Kernels(**found)
-
-
-def kernels_for(fmt: Format) -> Kernels:
-    """The kernels that compute ``fmt``, each role from the nearest type that has it."""
-    return _resolved(type(fmt))
+REGISTRY: KernelRegistry[Kernels] = KernelRegistry(Kernels)
+register = REGISTRY.register
+kernels_for = REGISTRY.kernels_for
 
 
 def registered(role: str) -> list[str]:
     """The names of the format types with a kernel for ``role`` (for error messages)."""
-    return sorted(t.__name__ for t, entry in _REGISTRY.items() if role in entry)
+    return sorted(t.__name__ for t in REGISTRY.types_with(role))
 
 
-__all__ = ["Compiled", "Kernels", "kernels_for", "register", "registered"]
+__all__ = ["REGISTRY", "Compiled", "Kernels", "kernels_for", "register", "registered"]
