@@ -292,3 +292,15 @@ def test_no_branches_on_a_framework_name_outside_adapters_and_config():
             if any(c in FRAMEWORK_NAMES for c in constants if isinstance(c, str)):
                 found.append(f"{dotted}:{node.lineno}")
     assert found == [], found
+
+
+def test_tests_mirror_the_package():
+    """Each folder of tests/ is named after a package of bitfault, and no test file repeats
+    its folder's name (tests/torch/test_inject.py, not test_torch_inject.py)."""
+    tests = Path(__file__).resolve().parent
+    folders = sorted(p.name for p in tests.iterdir()
+                     if p.is_dir() and not p.name.startswith((".", "__")))
+    assert [f for f in folders if not (ROOT / f / "__init__.py").is_file()] == []
+    repeating = sorted(str(p.relative_to(tests)) for f in folders
+                       for p in (tests / f).glob(f"test_{f}_*.py"))
+    assert repeating == []

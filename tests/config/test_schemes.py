@@ -77,7 +77,7 @@ def test_the_example_config_compares_five_memories() -> None:
     pytest.importorskip("yaml")
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "examples" / "protection_mlp.yaml"
+    path = Path(__file__).resolve().parents[2] / "examples" / "protection_mlp.yaml"
     c = load_config(path).campaign
     assert [n for n, _ in c.schemes] == ["none", "parity", "secded", "secded32", "secded-mbu"]
     assert dict(c.schemes)["secded32"]["word_bits"] == 32

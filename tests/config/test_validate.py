@@ -13,7 +13,7 @@ from bitfault.errors import ArgumentError
 from bitfault.jobs.demo import demo_config
 from bitfault.recipes import RandBET, Recipe
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 YAML = """
 framework: torch
