@@ -17,10 +17,13 @@ the whole model. A fast path that failed at run time shows here with its error
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from bitfault.memory.memory import Memory
+from bitfault.torch.evaluate.batch_roles import BatchRoles
+from bitfault.torch.evaluate.conv_calls import ConvCall, conv_call
 
 SHORTCUT, LAYER, MODEL = "shortcut", "layer", "model"
 
@@ -61,6 +64,91 @@ class Plan(tuple):  # type: ignore[type-arg]
                          + "  " + r[4] for r in [head, *rows])
 
 
+class PathPlanner:
+    """Where ``TorchEvaluator`` decides which path a tensor's single faults take (a mixin
+    of it: the checks read its model, traced graph and data). Every precondition of the
+    shortcut is checked here, once per tensor, and a failure at run time is recorded here
+    (``fallbacks``), so ``plan()`` reports exactly what the trials do."""
+
+    model: Any
+    x: Any
+    _path: dict[str, str]
+    _owner: dict[str, tuple[str, str, str]]
+    _aliases: dict[str, list[str]]
+    _single_calls: dict[str, ConvCall | bool | None]
+    _single_why: dict[str, str]  # tensor -> why its single faults take the path they take
+    _roles: BatchRoles | bool | None  # None: not probed yet; False: the probe failed
+    fallbacks: dict[str, str]  # tensor -> the error its shortcut failed with at run time
+
+    graph: Any  # the evaluator's traced graph, a method of TorchEvaluator (CleanActivations)
+
+    def _single_ok(self, name: str) -> bool:
+        """Whether a single fault in tensor ``name`` can take the shortcut (asked once per
+        tensor: the graph and the modules do not change)."""
+        if self.graph() is None:
+            return False
+        if name not in self._single_calls:
+            self._single_calls[name], self._single_why[name] = self._single_call(name)
+        return self._single_calls[name] is not False
+
+    def _single_call(self, name: str) -> tuple[ConvCall | bool | None, str]:
+        """(the convolution call behind weight ``name``, None for an ``nn.Linear`` called on
+        one input, False when the shortcut does not apply; why)."""
+        from torch import nn
+
+        module, _, attr = self._owner[name]
+        mod = self.model.get_submodule(module) if module else self.model
+        if attr != "weight":
+            return False, f"{attr!r} of its module, not the weight of a Linear or a convolution"
+        if name in self._aliases:
+            return False, "a tied tensor (read by several modules)"
+        if isinstance(mod, nn.Linear):
+            seeds = self.graph().seeds(name)
+            ok = (len(seeds) == 1 and seeds[0].op == "call_module" and seeds[0].target == module
+                  and len(seeds[0].args) == 1 and not seeds[0].kwargs)
+            call: ConvCall | bool | None = None if ok else False
+            why = "nn.Linear: the changed output column" if ok else \
+                "nn.Linear not called once on one input"
+        else:
+            call = conv_call(self.graph(), self.model, name)
+            why = (f"{type(mod).__name__}: the changed output channel" if call is not None
+                   else f"{type(mod).__name__}: not a convolution the shortcut can prove")
+            call = False if call is None else call
+        if call is False:
+            return False, why
+        roles = self.batch_roles()
+        if roles is None:
+            return False, "the graph does not run on 2 and 3 examples"
+        g = self.graph()
+        mixing = roles.first_mixing(g, g.dependents(g.seeds(name)))
+        if mixing is not None:
+            return False, f"node {mixing.name!r} after it mixes examples"
+        return call, why
+
+    def batch_roles(self) -> BatchRoles | None:
+        """How the graph's nodes follow the batch (``batch_roles``), probed once; None when
+        the graph does not run on 2 and 3 examples."""
+        if self._roles is None:
+            try:
+                self._roles = BatchRoles.probe(self.graph(), self.model, self.x)
+            except Exception:  # the exact paths still apply
+                self._roles = False
+        return self._roles or None
+
+    def _fall_back(self, name: str, err: Exception) -> None:
+        """The shortcut failed on tensor ``name``: its faults take the layer path from now
+        on; said once per tensor, and recorded (``fallbacks``, ``plan()``)."""
+        self._single_calls[name] = False
+        text = f"{type(err).__name__}: {err}"
+        self._single_why[name] = f"the shortcut failed at run time ({text})"
+        public = next((n for n, p in self._path.items() if p == name), name)
+        if public not in self.fallbacks:
+            self.fallbacks[public] = text
+            warnings.warn(f"TorchEvaluator: the single-fault shortcut failed on tensor "
+                          f"{public!r} ({text}); its faults take the exact layer path",
+                          RuntimeWarning, stacklevel=4)
+
+
 def evaluation_plan(ev: Any, memory: Memory | None = None) -> Plan:
     """``ev``'s plan (a ``TorchEvaluator``); with ``memory`` the clean run is made (as a
     campaign makes it) and checked to reproduce the golden run, else only the trace."""
@@ -88,4 +176,4 @@ def evaluation_plan(ev: Any, memory: Memory | None = None) -> Plan:
     return Plan(entries)
 
 
-__all__ = ["LAYER", "MODEL", "SHORTCUT", "Plan", "PlanEntry", "evaluation_plan"]
+__all__ = ["LAYER", "MODEL", "SHORTCUT", "PathPlanner", "Plan", "PlanEntry", "evaluation_plan"]

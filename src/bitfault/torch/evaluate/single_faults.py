@@ -12,7 +12,6 @@ layers (``bitfault.torch.evaluate.rank_one``; see docs/campaigns.md).
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -24,8 +23,9 @@ from bitfault.maps import FaultMap
 from bitfault.memory.memory import Memory
 from bitfault.torch.evaluate.batch_roles import BatchRoles
 from bitfault.torch.evaluate.channel_ops import channel_step
-from bitfault.torch.evaluate.conv_calls import ConvCall, captured, conv_call
+from bitfault.torch.evaluate.conv_calls import ConvCall, captured
 from bitfault.torch.evaluate.graph import TracedGraph, run_nodes, submodule
+from bitfault.torch.evaluate.planner import PathPlanner
 from bitfault.torch.evaluate.rank_one import carry, channel_map, materialize
 
 # Stacked rows per call, at most: larger stacks ran slower on the CPU (a MobileNetV2-style
@@ -67,7 +67,7 @@ def _groups(faults: list[Fault]) -> list[list[Fault]]:
     return groups
 
 
-class SingleFaultPaths:
+class SingleFaultPaths(PathPlanner):
     """The single-fault paths of ``TorchEvaluator`` (a mixin of it: they use its model,
     traced graph, clean activations, stored tensors and golden runs)."""
 
@@ -86,72 +86,6 @@ class SingleFaultPaths:
     _shortcut_faults: dict[str, int]  # tensor -> single faults the shortcut evaluated
     fallbacks: dict[str, str]  # tensor -> the error its shortcut failed with at run time
     _layer_or_full: Any
-
-    def _single_ok(self, name: str) -> bool:
-        """Whether a single fault in tensor ``name`` can take the shortcut (asked once per
-        tensor: the graph and the modules do not change)."""
-        if self.graph() is None:
-            return False
-        if name not in self._single_calls:
-            self._single_calls[name], self._single_why[name] = self._single_call(name)
-        return self._single_calls[name] is not False
-
-    def _single_call(self, name: str) -> tuple[ConvCall | bool | None, str]:
-        """(the convolution call behind weight ``name``, None for an ``nn.Linear`` called on
-        one input, False when the shortcut does not apply; why)."""
-        from torch import nn
-
-        module, _, attr = self._owner[name]
-        mod = self.model.get_submodule(module) if module else self.model
-        if attr != "weight":
-            return False, f"{attr!r} of its module, not the weight of a Linear or a convolution"
-        if name in self._aliases:
-            return False, "a tied tensor (read by several modules)"
-        if isinstance(mod, nn.Linear):
-            seeds = self.graph().seeds(name)
-            ok = (len(seeds) == 1 and seeds[0].op == "call_module" and seeds[0].target == module
-                  and len(seeds[0].args) == 1 and not seeds[0].kwargs)
-            call: ConvCall | bool | None = None if ok else False
-            why = "nn.Linear: the changed output column" if ok else \
-                "nn.Linear not called once on one input"
-        else:
-            call = conv_call(self.graph(), self.model, name)
-            why = (f"{type(mod).__name__}: the changed output channel" if call is not None
-                   else f"{type(mod).__name__}: not a convolution the shortcut can prove")
-            call = False if call is None else call
-        if call is False:
-            return False, why
-        roles = self.batch_roles()
-        if roles is None:
-            return False, "the graph does not run on 2 and 3 examples"
-        g = self.graph()
-        mixing = roles.first_mixing(g, g.dependents(g.seeds(name)))
-        if mixing is not None:
-            return False, f"node {mixing.name!r} after it mixes examples"
-        return call, why
-
-    def batch_roles(self) -> BatchRoles | None:
-        """How the graph's nodes follow the batch (``batch_roles``), probed once; None when
-        the graph does not run on 2 and 3 examples."""
-        if self._roles is None:
-            try:
-                self._roles = BatchRoles.probe(self.graph(), self.model, self.x)
-            except Exception:  # the exact paths still apply
-                self._roles = False
-        return self._roles or None
-
-    def _fall_back(self, name: str, err: Exception) -> None:
-        """The shortcut failed on tensor ``name``: its faults take the layer path from now
-        on; said once per tensor, and recorded (``fallbacks``, ``plan()``)."""
-        self._single_calls[name] = False
-        text = f"{type(err).__name__}: {err}"
-        self._single_why[name] = f"the shortcut failed at run time ({text})"
-        public = next((n for n, p in self._path.items() if p == name), name)
-        if public not in self.fallbacks:
-            self.fallbacks[public] = text
-            warnings.warn(f"TorchEvaluator: the single-fault shortcut failed on tensor "
-                          f"{public!r} ({text}); its faults take the exact layer path",
-                          RuntimeWarning, stacklevel=4)
 
     def _predict_singles(self, singles: Mapping[str, list[tuple[int, int, int]]],
                          memory: Memory) -> dict[int, np.ndarray]:
