@@ -222,3 +222,28 @@ def test_a_failing_layer_path_runs_the_whole_model(tmp_path) -> None:
     assert "a traced graph that does not run" in fast.fallbacks["c2.weight"]
     entry = {e.tensor: e for e in fast.plan()}["c2.weight"]
     assert entry.several == "model" and entry.fallback == fast.fallbacks["c2.weight"]
+
+
+def test_the_planner_chooses_each_trials_path() -> None:
+    """``trial_path``: one fault in one code -> the shortcut; several faults in one tensor
+    -> its layer path; faults in two tensors, or ``fast_paths=False`` -> the whole model."""
+    from bitfault.torch.evaluate.planner import LAYER, MODEL, SHORTCUT
+
+    x, y = _data(9)
+    ev = TorchEvaluator(_model(Net), x, y, batch_size=4)
+    shape = ev.tensor_shapes()["c1.weight"]
+
+    def fmap(name: str, elements: list[int]) -> bf.FaultMap:
+        mask = np.zeros(ev.tensor_shapes()[name], np.uint32)
+        mask.reshape(-1)[elements] = 1 << 30
+        return bf.FaultMap.from_mask(mask, name=name)
+
+    one = {"c1.weight": fmap("c1.weight", [3])}
+    two = {"c1.weight": fmap("c1.weight", [3, 4])}
+    both = {**one, "fc.weight": fmap("fc.weight", [0])}
+    codes = {n: ["codes"] for n in both}
+    assert ev.trial_path(one, codes) == SHORTCUT and int(np.prod(shape)) > 4
+    assert ev.trial_path(two, codes) == LAYER
+    assert ev.trial_path(both, codes) == MODEL
+    exact = TorchEvaluator(_model(Net), x, y, batch_size=4, fast_paths=False)
+    assert exact.trial_path(one, codes) == MODEL

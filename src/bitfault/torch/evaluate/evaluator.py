@@ -42,12 +42,11 @@ from bitfault.campaign.evaluator import (
     patch_faulty_elements,
 )
 from bitfault.formats import plane_formats
-from bitfault.formats.blocks import CODES
 from bitfault.maps import FaultMap
 from bitfault.memory.memory import Memory
 from bitfault.torch.evaluate.activations import CleanActivations
 from bitfault.torch.evaluate.budget import ByteBudget
-from bitfault.torch.evaluate.planner import Plan, evaluation_plan
+from bitfault.torch.evaluate.planner import LAYER, SHORTCUT, Plan, evaluation_plan
 from bitfault.torch.evaluate.replica import ReplicaWrites, _Patched
 from bitfault.torch.evaluate.single_faults import SingleFaultPaths
 
@@ -216,17 +215,16 @@ class TorchEvaluator(SingleFaultPaths, CleanActivations, ReplicaWrites):
                 if not active:
                     out[k] = self.golden(memory)
                     continue
-                if len(active) == 1 and self.fast_paths:
+                path = self.trial_path(active, faulted)  # the planner's choice
+                if path == SHORTCUT:
                     (name, fmap), = active.items()
-                    if fmap.indices.size == 1 and faulted[name] == [CODES] and \
-                            self._single_ok(name):
-                        singles.setdefault(name, []).append(
-                            (k, int(fmap.indices[0]), int(fmap.masks[0])))
-                        continue
-                    if self.graph() is not None and name not in self._full_only:
-                        out[k] = self._layer_or_full(name, fmap, memory)
-                        continue
-                out[k] = self._predict_full(active, memory)
+                    singles.setdefault(name, []).append(
+                        (k, int(fmap.indices[0]), int(fmap.masks[0])))
+                elif path == LAYER:
+                    (name, fmap), = active.items()
+                    out[k] = self._layer_or_full(name, fmap, memory)
+                else:
+                    out[k] = self._predict_full(active, memory)
             if singles:  # one pass over the data for every tensor's single faults
                 for k, pred in self._predict_singles(singles, memory).items():
                     out[k] = pred

@@ -18,9 +18,12 @@ the whole model. A fast path that failed at run time shows here with its error
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from bitfault.formats.blocks import CODES
+from bitfault.maps import FaultMap
 from bitfault.memory.memory import Memory
 from bitfault.torch.evaluate.batch_roles import BatchRoles
 from bitfault.torch.evaluate.conv_calls import ConvCall, conv_call
@@ -79,6 +82,23 @@ class PathPlanner:
     _single_why: dict[str, str]  # tensor -> why its single faults take the path they take
     _roles: BatchRoles | bool | None  # None: not probed yet; False: the probe failed
     fallbacks: dict[str, str]  # tensor -> the error its shortcut failed with at run time
+    _full_only: set[str]  # tensors whose layer path failed at run time: the whole model
+    fast_paths: bool
+
+    def trial_path(self, active: Mapping[str, FaultMap],
+                   faulted: Mapping[str, list[str]]) -> str:
+        """The path of one trial, from its maps (tensor -> map, faulty bits only) and the
+        planes each map faults: SHORTCUT for one fault in one element's code of a tensor
+        whose preconditions hold, LAYER for faults in one tensor whose layer path holds,
+        else MODEL (the whole model, always exact)."""
+        if len(active) != 1 or not self.fast_paths:
+            return MODEL
+        (name, fmap), = active.items()
+        if fmap.indices.size == 1 and list(faulted[name]) == [CODES] and self._single_ok(name):
+            return SHORTCUT
+        if self.graph() is not None and name not in self._full_only:
+            return LAYER
+        return MODEL
 
     graph: Any  # the evaluator's traced graph, a method of TorchEvaluator (CleanActivations)
 
