@@ -159,7 +159,7 @@ def _fused_checked(fmt: Format, fault: FaultModel, axes: tuple[int | None, ...],
 
     def run(values: list[tf.Tensor], masks: list[Any]) -> tuple[list[tf.Tensor], list[tf.Tensor]]:
         out = [fn(v, m) for fn, v, m in zip(fns, values, masks, strict=True)]
-        return out, [tf.cast((v >= lo) & (v <= hi), v.dtype) for v in values]
+        return out, [tf.reduce_all((v >= lo) & (v <= hi)) for v in values]
 
     if not jit:
         return run
@@ -169,10 +169,10 @@ def _fused_checked(fmt: Format, fault: FaultModel, axes: tuple[int | None, ...],
 
 def fused_checked(fmt: Format, fault: FaultModel, axes: tuple[int | None, ...],
                   bounds: tuple[float, float]) -> Any:
-    """``fused`` that also returns, per tensor, 1.0 where a value lies in ``bounds`` and 0.0
-    elsewhere, written by the same fused pass: ``straight_through``'s backward is then one
-    ``multiply_no_nan`` (exactly +0.0 outside, even for a NaN or infinite gradient) instead
-    of a second compiled pass over the values. Made once per tensors' ranks, as ``fused``."""
+    """``fused`` that also returns, per tensor, whether every value lies in ``bounds`` (a
+    scalar bool), found by the same fused pass: ``straight_through``'s backward then passes
+    the gradient through as it is in the usual case, and runs the zeroing pass only for a
+    tensor with a value outside (or a NaN). Made once per tensors' ranks, as ``fused``."""
 
     def run(values: list[tf.Tensor], masks: list[Any]) -> Any:
         ranks = tuple(v.shape.rank for v in values)
@@ -191,6 +191,11 @@ def _zero_outside(lo: float, hi: float, jit: bool) -> Any:
     return tf.function(run, jit_compile=True) if jit else run
 
 
+def _unless(inside: tf.Tensor, zero_outside: Any, v: tf.Tensor, dy: tf.Tensor) -> tf.Tensor:
+    """``dy`` itself where every value of ``v`` was ``inside`` the bounds, else the zeroing."""
+    return tf.cond(inside, lambda: tf.identity(dy), lambda: zero_outside(v, dy))
+
+
 def straight_through(fused: Any, values: list[tf.Tensor], masks: list[Any],
                      gradient: str, bounds: tuple[float, float] | None = None,
                      checked: Any = None) -> list[tf.Tensor]:
@@ -198,7 +203,7 @@ def straight_through(fused: Any, values: list[tf.Tensor], masks: list[Any],
     where a value lies outside ``bounds``, see ``gradient_bounds``); "blocked": none.
     ``masks``: one per value, a tensor or (block formats) a tuple of plane masks.
     ``checked``: ``fused_checked`` for the same tensors and ``bounds``, used instead of
-    ``fused``: its 0/1 masks make the zeroing one multiplication."""
+    ``fused``: the zeroing pass runs only for a tensor with a value outside ``bounds``."""
     if gradient == "blocked":
         return [tf.stop_gradient(v) for v in fused(values, masks)]
     n = len(values)
@@ -217,7 +222,7 @@ def straight_through(fused: Any, values: list[tf.Tensor], masks: list[Any],
         def grad(*dys: tf.Tensor) -> list[Any]:
             if bounds is not None:
                 zero_outside = _zero_outside(*bounds, USE_XLA)
-                dys = tuple(zero_outside(v, dy) if k is None else tf.math.multiply_no_nan(dy, k)
+                dys = tuple(zero_outside(v, dy) if k is None else _unless(k, zero_outside, v, dy)
                             for v, dy, k in zip(args[:n], dys, keep, strict=True))
             return [*dys, *([None] * len(flat))]
 

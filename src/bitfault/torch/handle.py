@@ -24,7 +24,7 @@ from bitfault.spec import FaultSpec
 from bitfault.torch.activation_maps import ActivationMaps
 from bitfault.torch.gradient import straight_through
 from bitfault.torch.hooks import DIRECT, LIVE, Attrs, bind, faulted_forward, release
-from bitfault.torch.seam import DeviceFaults, check_float_dtype, checked_group, faulty_group
+from bitfault.torch.seam import DeviceFaults, check_float_dtype, faulty_group
 from bitfault.torch.slots import (
     FaultedParam,
     FaultReport,
@@ -34,7 +34,7 @@ from bitfault.torch.slots import (
     join_name,
     original_forward,
 )
-from bitfault.torch.storable import settle, storable_bounds
+from bitfault.torch.steady import SteadyForward, fault_params
 
 
 class FaultHandle:
@@ -77,6 +77,7 @@ class FaultHandle:
         self._auto_step = spec.persistence == "transient" and spec.resample == "step"
         self._weights_seen: tuple | None = None
         self._faults: dict[tuple, DeviceFaults] = {}
+        self._steady: SteadyForward | bool | None = None  # False: not for this handle's maps
         self._buffers: dict = {}  # the kernels' host scratch, reused forward after forward
         # (module, attribute, tensor name) of each faulted parameter (tied ones under every name)
         self._slot_names = [(p.module, p.attr, p.name) for p in params] + [
@@ -214,6 +215,7 @@ class FaultHandle:
             release(module, self)
         self._shadowed = []
         self._faults.clear()
+        self._steady = None
         self._buffers.clear()
         self._removed = True
 
@@ -251,6 +253,7 @@ class FaultHandle:
         self.spec, self._step = spec, step
         self._act_maps.clear()
         self._faults.clear()
+        self._steady = None
 
     def _device_faults(self, names: tuple[str, ...], maps: Sequence[FaultMap], batch: int,
                        device: torch.device) -> DeviceFaults:
@@ -275,36 +278,7 @@ class FaultHandle:
 
     def _fault_params(self, params: Sequence[FaultedParam], tensors: Sequence[torch.Tensor],
                       reuse_output: bool = False) -> dict[str, torch.Tensor]:
-        first = tensors[0]
-        dtype, cpu = first.dtype, first.is_cpu  # (``is_cpu`` is cheaper than ``device``)
-        if all(t.dtype is dtype and t.is_cpu is cpu for t in tensors) and (
-                cpu or all(t.device == first.device for t in tensors)):
-            groups = {(dtype, first.device): range(len(tensors))}  # the usual case: one pass
-        else:
-            groups = {}
-            for i, t in enumerate(tensors):
-                groups.setdefault((t.dtype, t.device), []).append(i)
-        out: dict[str, torch.Tensor] = {}
-        spec = self.spec
-        for (dtype, device), members in groups.items():
-            names = tuple(params[i].name for i in members)
-            faults = self._device_faults(names, [self._maps[n] for n in names], 0, device)
-            clean = [tensors[i] for i in members]
-            values = [c.detach() for c in clean]  # (no graph: no_grad is not needed)
-            faulty, bad = checked_group(values, spec.format, spec.fault, faults,
-                                        buffers=self._buffers, reuse_output=reuse_output)
-            if bad:  # NaN or inf: an error; outside the range: projected where trained
-                fixed, bad = settle(names, clean, values, bad, spec.format, self._project)
-                if fixed:
-                    if self._auto_step:  # a projection is no optimizer step
-                        self._weights_seen = self._weights_state()
-                    del faulty  # the kept output may be written again
-                    faulty = faulty_group(values, spec.format, spec.fault, faults,
-                                          buffers=self._buffers, reuse_output=reuse_output)
-            out.update(zip(names, straight_through(
-                clean, faulty, spec.gradient == "blocked", kept=reuse_output,
-                bounds=storable_bounds(spec.format, dtype), only=bad), strict=True))
-        return out
+        return fault_params(self, params, tensors, reuse_output)
 
     def _param_module(self, root: nn.Module, p: FaultedParam) -> nn.Module:
         return self._modules[p.module] if root is self._model else root.get_submodule(p.module)
@@ -319,26 +293,34 @@ class FaultHandle:
         if self._removed:  # hooks that a deepcopy of the model carried along
             return
         if self._depth == 0:
-            if self.spec.persistence == "transient" and self.spec.resample == "forward":
-                if self._forwards != self._step:
-                    self._set_maps(self.spec, self._forwards)
-                self._forwards += 1
-            elif self._auto_step:
-                self._next_step_if_updated()
-            params = self._params
-            if self._has_buffers:  # a module in training mode updates its buffers itself
-                params = [p for p in params if not (p.buffer and self._param_module(
-                    root, p).training)]
-            if params:
-                tensors = ([held(m, a) for m, a in self._model_params]
-                           if params is self._params and root is self._model
-                           else [self._param_tensor(root, p) for p in params])
-                faulty = self._fault_params(params, tensors, reuse_output=True)
-                slots = [s for s in self._slots(root) if s[2] in faulty]
-                for module, attr, name in slots:  # seen before _parameters by module.attr
-                    module.__dict__[attr] = faulty[name]
-                self._shadowed = slots
+            steady = self._steady
+            if root is not self._model or not steady or not steady.run(self):
+                self._forward_pre(root)
+                if root is self._model and steady is not False:  # bind it (again)
+                    self._steady = SteadyForward.of(self) or False
         self._depth += 1
+
+    def _forward_pre(self, root: nn.Module) -> None:
+        """Shadow the faulted parameters of ``root``'s modules for a forward of ``root``."""
+        if self.spec.persistence == "transient" and self.spec.resample == "forward":
+            if self._forwards != self._step:
+                self._set_maps(self.spec, self._forwards)
+            self._forwards += 1
+        elif self._auto_step:
+            self._next_step_if_updated()
+        params = self._params
+        if self._has_buffers:  # a module in training mode updates its buffers itself
+            params = [p for p in params if not (p.buffer and self._param_module(
+                root, p).training)]
+        if params:
+            tensors = ([held(m, a) for m, a in self._model_params]
+                       if params is self._params and root is self._model
+                       else [self._param_tensor(root, p) for p in params])
+            faulty = self._fault_params(params, tensors, reuse_output=True)
+            slots = [s for s in self._slots(root) if s[2] in faulty]
+            for module, attr, name in slots:  # seen before _parameters by module.attr
+                module.__dict__[attr] = faulty[name]
+            self._shadowed = slots
 
     def _root_post(self, root: nn.Module, args: Any, output: Any) -> None:
         self._depth = max(0, self._depth - 1)

@@ -140,12 +140,29 @@ class _FusedPass:
                  check: bool = False) -> tuple[list[torch.Tensor], list[int]]:
         """The faulty tensors, and the positions whose kernel returned False (``check``:
         FixedPoint values outside the range or NaN; always: IntQuant NaN or inf)."""
+        return self.run([x.numpy().reshape(-1) for x in xs], reuse, check)
+
+    def run(self, flats: Sequence[np.ndarray], reuse: bool,
+            check: bool = False) -> tuple[list[torch.Tensor], list[int]]:
+        """``__call__`` on the tensors' flat float32 arrays (kept by a caller that knows
+        they still are the tensors' memory)."""
         dsts, views = self._output(reuse)
         bad, args = [], (True,) if check else ()
-        for i, (x, call, dst) in enumerate(zip(xs, self.calls, dsts, strict=True)):
-            if not call(x.numpy().reshape(-1), dst, *args):
+        for i, (x, call, dst) in enumerate(zip(flats, self.calls, dsts, strict=True)):
+            if not call(x, dst, *args):
                 bad.append(i)
         return views, bad
+
+
+def _pass_of(xs: Sequence[torch.Tensor], fmt: Format, fault: FaultModel,
+             faults: DeviceFaults) -> _FusedPass:
+    """The compiled pass of ``xs`` under ``faults``, bound once and kept with ``faults``."""
+    kept = faults.__dict__.get("_fused")  # (fmt, fault, plan): the same objects call after call
+    if kept is None or kept[0] is not fmt or kept[1] is not fault:
+        if kept is None or kept[0] != fmt or kept[1] != fault:
+            kept = (fmt, fault, _FusedPass(fmt, fault, faults, [x.shape for x in xs]))
+        faults.__dict__["_fused"] = kept = (fmt, fault, kept[2])
+    return kept[2]
 
 
 def _fused_group(xs: Sequence[torch.Tensor], fmt: Format, fault: FaultModel,
@@ -154,12 +171,16 @@ def _fused_group(xs: Sequence[torch.Tensor], fmt: Format, fault: FaultModel,
     """FixedPoint "saturate", IntQuant (per tensor / per channel on axis 0) or a compiled
     block format on float32 CPU tensors: one compiled pass per tensor into one flat output,
     its plan kept with ``faults``; also the positions ``_FusedPass`` flags."""
-    kept = faults.__dict__.get("_fused")  # (fmt, fault, plan): the same objects call after call
-    if kept is None or kept[0] is not fmt or kept[1] is not fault:
-        if kept is None or kept[0] != fmt or kept[1] != fault:
-            kept = (fmt, fault, _FusedPass(fmt, fault, faults, [x.shape for x in xs]))
-        faults.__dict__["_fused"] = kept = (fmt, fault, kept[2])
-    return kept[2](xs, reuse_output, check)
+    return _pass_of(xs, fmt, fault, faults)(xs, reuse_output, check)
+
+
+def checked_pass(xs: Sequence[torch.Tensor], fmt: Format, fault: FaultModel,
+                 faults: DeviceFaults) -> _FusedPass | None:
+    """The compiled pass ``checked_group`` runs on ``xs`` under ``faults`` (its ``run``
+    takes their flat arrays), or None where ``checked_group`` takes another path."""
+    if not xs or kernels_for(fmt).blocks or not all(compiled_for(x, fmt) for x in xs):
+        return None
+    return _pass_of(xs, fmt, fault, faults)
 
 
 # ---- entry points -------------------------------------------------------------------------
