@@ -123,6 +123,25 @@ def _scores(t: SearchedTensor, grad: np.ndarray, now: np.ndarray, eligible: dict
     return out
 
 
+def _candidates(searched: Mapping[str, SearchedTensor], grads: Mapping[str, np.ndarray],
+                values: Mapping[str, np.ndarray], eligible: dict[str, int],
+                direction: str | None, candidates: int, exhaustive_below: int) -> list[Flip]:
+    """The flips to evaluate exactly, best score first: all of them when there are at most
+    ``exhaustive_below``, else the ``candidates`` best."""
+    scored = [(n, plane, bit, score) for n, t in searched.items()
+              for plane, bit, score in _scores(t, grads[n], values[n], eligible, direction)]
+    total = sum(int(np.count_nonzero(s > -np.inf)) for *_, s in scored)
+    k = total if total <= exhaustive_below else candidates
+    pool: list[tuple[float, Flip]] = []
+    for n, plane, bit, score in scored:
+        ok = np.flatnonzero(score > -np.inf)
+        if ok.size > k:
+            ok = ok[np.argpartition(-score[ok], k - 1)[:k]]
+        pool.extend((float(score[w]), Flip(n, plane, int(w), bit)) for w in ok)
+    pool.sort(key=lambda c: (-c[0], c[1]))
+    return [flip for _, flip in pool[:k]]
+
+
 def worst_case(model: SearchModel, memory: Memory, *, max_flips: int = 20,
                stop_at: float | None = None, candidates: int = 16,
                exhaustive_below: int = 4096, tensors: Sequence[str] | None = None,
@@ -169,17 +188,12 @@ def worst_case(model: SearchModel, memory: Memory, *, max_flips: int = 20,
     result.seconds.append(0.0)
     result.reached = _reached(result.metric[0], stop_at, model.lower_is_worse)
     while not result.reached and len(result.flips) < max_flips:
-        pool: list[tuple[float, Flip]] = []
-        for n, t in searched.items():
-            for plane, bit, score in _scores(t, grads[n], values[n], eligible, direction):
-                for w in np.flatnonzero(score > -np.inf):
-                    pool.append((float(score[w]), Flip(n, plane, int(w), bit)))
-        if not pool:
+        chosen = _candidates(searched, grads, values, eligible, direction, candidates,
+                             exhaustive_below)
+        if not chosen:
             break
-        pool.sort(key=lambda c: (-c[0], c[1]))
-        chosen = pool if len(pool) <= exhaustive_below else pool[:candidates]
         changes = []
-        for _, flip in chosen:
+        for flip in chosen:
             t = searched[flip.tensor]
             t.add(flip)
             changes.append((flip.tensor, t.values()))
@@ -187,7 +201,7 @@ def worst_case(model: SearchModel, memory: Memory, *, max_flips: int = 20,
         losses = np.asarray(model.attack_losses(values, changes), np.float64)
         losses = np.where(np.isnan(losses), np.inf, losses)
         best = int(np.argmax(losses))  # ties: the higher score (the pool's order)
-        flip = chosen[best][1]
+        flip = chosen[best]
         searched[flip.tensor].add(flip)
         values[flip.tensor] = changes[best][1]
         loss, grads = model.loss_and_gradients(values)

@@ -124,6 +124,12 @@ class SearchedTensor:
     def bit_deltas(self, plane: str, bit: int, now: np.ndarray) -> np.ndarray:
         """The value change of every element (flat, float64) when bit ``bit`` of every
         word of ``plane`` flips on top of the flips so far (``now``: the values now)."""
+        if not is_block_format(self.fmt):  # one decode of every word with the bit flipped
+            words = self.current_bits(plane) ^ (1 << bit)
+            container = np.asarray(self.stored.words).dtype
+            words = words.astype(f"u{container.itemsize}").view(container)
+            after = self.fmt.decode(words, self.stored.params, dtype=self.clean.dtype)
+            return after.reshape(-1).astype(np.float64) - now.reshape(-1).astype(np.float64)
         size = int(np.prod(self.shapes[plane]))
         extra = {plane: np.full(size, 1 << bit, np.uint64)}
         after = self.values(self.fault_map(extra)).reshape(-1).astype(np.float64)
