@@ -30,7 +30,7 @@ from bitfault.models.torch import seed_mlp, small_cnn
 from bitfault.torch.search import TorchSearchModel
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_mobilenet import mobilenet_v2, random_images  # noqa: E402
+from bench_mobilenet import mobilenet_v2, random_images
 
 FMT = IntQuant(8)
 

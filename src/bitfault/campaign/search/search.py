@@ -125,9 +125,11 @@ def _scores(t: SearchedTensor, grad: np.ndarray, now: np.ndarray, eligible: dict
 
 def _candidates(searched: Mapping[str, SearchedTensor], grads: Mapping[str, np.ndarray],
                 values: Mapping[str, np.ndarray], eligible: dict[str, int],
-                direction: str | None, candidates: int, exhaustive_below: int) -> list[Flip]:
+                direction: str | None, candidates: int, exhaustive_below: int,
+                per_tensor: bool) -> list[Flip]:
     """The flips to evaluate exactly, best score first: all of them when there are at most
-    ``exhaustive_below``, else the ``candidates`` best."""
+    ``exhaustive_below``, else the ``candidates`` best and (``per_tensor``) each tensor's
+    best."""
     scored = [(n, plane, bit, score) for n, t in searched.items()
               for plane, bit, score in _scores(t, grads[n], values[n], eligible, direction)]
     total = sum(int(np.count_nonzero(s > -np.inf)) for *_, s in scored)
@@ -139,20 +141,29 @@ def _candidates(searched: Mapping[str, SearchedTensor], grads: Mapping[str, np.n
             ok = ok[np.argpartition(-score[ok], k - 1)[:k]]
         pool.extend((float(score[w]), Flip(n, plane, int(w), bit)) for w in ok)
     pool.sort(key=lambda c: (-c[0], c[1]))
-    return [flip for _, flip in pool[:k]]
+    chosen = [flip for _, flip in pool[:k]]
+    if per_tensor and k < total:  # and each tensor's best, as a layer-wise search takes
+        for n in searched:
+            best = next((f for _, f in pool if f.tensor == n), None)
+            if best is not None and best not in chosen:
+                chosen.append(best)
+    return chosen
 
 
 def worst_case(model: SearchModel, memory: Memory, *, max_flips: int = 20,
                stop_at: float | None = None, candidates: int = 16,
                exhaustive_below: int = 4096, tensors: Sequence[str] | None = None,
                planes: Sequence[str] | None = None, bits: Sequence[int] | None = None,
-               direction: str | None = None, progress: Any = None) -> SearchResult:
+               direction: str | None = None, per_tensor: bool = True,
+               progress: Any = None) -> SearchResult:
     """Search the fewest flips (greedily, see the module docstring) of ``memory``'s stored
     bits that bring ``model``'s metric to ``stop_at`` (None: run ``max_flips`` flips).
 
     ``tensors``: name patterns to search (default all of the model's); ``planes``: plane
     names (default all); ``bits``: bit positions (default those ``memory.fault`` may
-    touch); ``direction``: only ``"0->1"`` or only ``"1->0"`` flips. A memory with a
+    touch); ``direction``: only ``"0->1"`` or only ``"1->0"`` flips; ``per_tensor``:
+    also evaluate each tensor's best-scored flip (as a layer-wise progressive bit search
+    does), not only the ``candidates`` best overall. A memory with a
     protection code is not searched here yet (refused).
     """
     max_flips = check_int(max_flips, "max_flips", minimum=1)
@@ -189,7 +200,7 @@ def worst_case(model: SearchModel, memory: Memory, *, max_flips: int = 20,
     result.reached = _reached(result.metric[0], stop_at, model.lower_is_worse)
     while not result.reached and len(result.flips) < max_flips:
         chosen = _candidates(searched, grads, values, eligible, direction, candidates,
-                             exhaustive_below)
+                             exhaustive_below, per_tensor)
         if not chosen:
             break
         changes = []
